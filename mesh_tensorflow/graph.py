@@ -153,6 +153,50 @@ class Graph:
       copies.append(copy)
     return copies, mapping
 
+  def combine_assignments(self, assignments):
+    """Merges Assign operations with the same `assign_fn` into one each.
+
+    Variables written by the same Assign ops can be stacked by the
+    Lowering (autostack). The originals are removed from the graph; other
+    entries of `assignments` are returned unchanged. A variable is never
+    assigned twice by one merged op.
+
+    Returns:
+      the list of merged and untouched operations.
+    """
+    result = []
+    open_groups = {}  # assign_fn -> index into result of the growing group
+    for op in assignments:
+      fn = getattr(op, "assign_fn", None)
+      if fn is None or not hasattr(op, "variables"):
+        result.append(op)
+        continue
+      index = open_groups.get(fn)
+      if index is not None and any(
+          v in result[index][0] for v in op.variables):
+        index = None
+      if index is None:
+        open_groups[fn] = len(result)
+        result.append(([], [], [], fn))
+        index = len(result) - 1
+      variables, values, originals, _ = result[index]
+      variables.extend(op.variables)
+      values.extend(op.inputs)
+      originals.append(op)
+    merged = []
+    for entry in result:
+      if not isinstance(entry, tuple):
+        merged.append(entry)
+        continue
+      variables, values, originals, fn = entry
+      if len(originals) == 1:
+        merged.append(originals[0])
+        continue
+      self.remove_operations(originals)
+      merged.append(type(originals[0])(variables, values, assign_fn=fn,
+                                       name="combined_assign"))
+    return merged
+
   def remove_operations(self, operations):
     """Takes `operations` out of the graph (a while loop lowers its body
     itself); their outputs become unusable elsewhere."""

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
+from mesh_tensorflow import stacking
 
 _SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -24,8 +25,10 @@ class Lowering:
   Args:
     graph: the mtf.Graph.
     mesh_to_impl: dict from each mtf.Mesh the graph uses to a MeshImpl.
-    autostack: accepted for compatibility with the original; variable
-      stacking is not performed yet.
+    autostack: store same-shaped variables that are always assigned
+      together as one stacked TF variable per processor, where the mesh
+      implementation supports it (see `stacking`): fewer TF variables and
+      ops, same results and checkpoints.
     log_file: optional path; the variable table and counters are appended.
 
   Attributes:
@@ -35,7 +38,6 @@ class Lowering:
   """
 
   def __init__(self, graph, mesh_to_impl, autostack=True, log_file=None):
-    del autostack
     self.graph = graph
     self.mesh_to_impl = dict(mesh_to_impl)
     self.tensors = {}
@@ -45,6 +47,10 @@ class Lowering:
     self._scalar_summaries = collections.OrderedDict()
     self._random_steps = {}
     self._check_meshes_and_layouts()
+    self.autostack = autostack
+    self._stack_groups = (
+        stacking.plan(graph, self.mesh_to_impl)
+        if autostack else {})
     with self._counting():
       for op in graph.operations:
         if op.lower_in_name_scope:
@@ -88,6 +94,10 @@ class Lowering:
           raise type(e)(f"Tensor {t.name} ({t.shape}) on mesh "
                         f"{impl.shape.to_string}: {e}") from None
       op.check_splits(self)
+
+  def stack_group(self, variable):
+    """The group `variable` is stacked with in this lowering, or None."""
+    return self._stack_groups.get(variable)
 
   def mesh_impl(self, m):
     """The MeshImpl of an mtf Mesh, Tensor or Operation."""

@@ -95,8 +95,13 @@ def convert_args_to_laid_out_tensors(xs):
           for x in xs]
 
 
-class MeshImpl(abc.ABC):
-  """Abstract mesh implementation: shape, layout rules and collectives."""
+class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
+  """Abstract mesh implementation: shape, layout rules and collectives.
+
+  A mesh implementation owns the TF variables of the mtf variables lowered
+  onto it, and is trackable: `tf.train.Checkpoint(model=mesh_impl)` saves
+  them by mtf name, independently of the layout (see `checkpointing`).
+  """
 
   LaidOutTensor = LaidOutTensor
 
@@ -306,8 +311,27 @@ class MeshImpl(abc.ABC):
     """
 
   @abc.abstractmethod
-  def make_laid_out_variable(self, variable):
-    """The per-processor TF variables behind mtf `variable`."""
+  def make_laid_out_variable(self, variable, stack_group=None):
+    """The per-processor TF variables behind mtf `variable`.
+
+    `stack_group` (from the Lowering's autostack plan, or None) names the
+    variables to store together with it, where the implementation stacks.
+    """
+
+  @property
+  def supports_autostack(self):
+    """Whether `make_laid_out_variable` honours stack groups."""
+    return False
+
+  def assign_to_variables(self, laid_out_variables, laid_out_values,
+                          assign_fn):
+    """Lowers one Assign of several variables; returns a TF op or None."""
+    ops = [v.assign_to_slices(assign_fn, x.all_slices)
+           for v, x in zip(laid_out_variables, laid_out_values)]
+    ops = [op for op in ops if op is not None]
+    if tf.executing_eagerly():
+      return None
+    return tf.group(*ops)
 
   # --------------------------------------------------- derived collectives
 

@@ -102,7 +102,7 @@ class Optimizer:
   """Base class: `apply_grad` updates one variable with its gradient."""
 
   def apply_grads(self, grads, variables):
-    """Returns the list of Assign operations of one training step.
+    """Returns the (combined) Assign operations of one training step.
 
     Args:
       grads: a list of mtf Tensors (None for a variable with no gradient,
@@ -128,7 +128,10 @@ class Optimizer:
     step_update = self._increment_step(variables)
     if step_update is not None:
       ops.append(step_update)
-    return ops
+    if not ops:
+      return ops
+    # Grouped, so that the Lowering can stack variables updated together.
+    return ops[0].graph.combine_assignments(ops)
 
   def apply_grad(self, grad, var):
     """Returns the list of Assign operations that update `var`."""

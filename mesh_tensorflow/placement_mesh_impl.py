@@ -21,10 +21,12 @@ from tensorflow.python.ops import nccl_ops  # pylint: disable=g-direct-tensorflo
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import placement_variables
 from mesh_tensorflow import stateless_random
 from mesh_tensorflow import variable_store as variable_store_lib
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
+LaidOutVariable = placement_variables.LaidOutVariable
 
 
 def default_devices(num_processors):
@@ -75,7 +77,8 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           f"{self.size} devices (one per processor), got {len(devices)}: "
           f"{devices}.")
     self._devices = devices
-    self._variable_store = variable_store_lib.VariableStore()
+    self._variable_store = variable_store_lib.VariableStore(
+        checkpoint_root=self)
 
   @property
   def devices(self):
@@ -225,8 +228,17 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
 
   # ---------------------------------------------------------- variables
 
-  def make_laid_out_variable(self, variable):
-    return LaidOutVariable(variable, self)
+  @property
+  def supports_autostack(self):
+    return self.size > 1
+
+  def make_laid_out_variable(self, variable, stack_group=None):
+    return LaidOutVariable(variable, self, stack_group)
+
+  def assign_to_variables(self, laid_out_variables, laid_out_values,
+                          assign_fn):
+    return placement_variables.assign_to_variables(
+        laid_out_variables, laid_out_values, assign_fn)
 
 
 _NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
@@ -251,142 +263,3 @@ def _reduction_fn(reduction_fn_string, dtype):
   if reduction_fn_string == "SUM":
     return tf.add_n
   return lambda xs: functools.reduce(pairwise, xs)
-
-
-class _SliceVariables:
-  """What the variable store keeps for one mtf variable."""
-
-  def __init__(self, master, slices, slice_shape, slice_dtype):
-    self.master = master
-    self.slices = slices
-    self.slice_shape = slice_shape
-    self.slice_dtype = slice_dtype
-
-
-class LaidOutVariable:
-  """The per-processor slice variables of one mtf variable.
-
-  Eager / tf.function: one tf.Variable per processor, initialised from the
-  full initial value, which is computed once on the host. Compat graph mode:
-  a master variable on the host plus slice variables filled by
-  `copy_master_to_slices` (the master is used directly on a one-processor
-  mesh when the dtypes agree).
-  """
-
-  def __init__(self, variable, mesh_impl):
-    self._variable = variable
-    self._mesh_impl = mesh_impl
-    store = mesh_impl.variable_store
-    self._slice_shape = mesh_impl.slice_shape(variable.shape)
-    entry = store.get(variable.name)
-    if entry is None:
-      entry = self._create()
-      store.put(variable.name, entry)
-    elif (entry.slice_shape != self._slice_shape or
-          entry.slice_dtype != variable.slice_dtype):
-      raise errors.ShapeError(
-          f"Variable {variable.name!r} exists with slice shape "
-          f"{entry.slice_shape} and dtype {entry.slice_dtype.name}, but is "
-          f"now requested with shape {variable.shape} (slice shape "
-          f"{self._slice_shape}) and dtype {variable.slice_dtype.name}.")
-    self._entry = entry
-
-  def _create(self):
-    variable = self._variable
-    mesh_impl = self._mesh_impl
-    if variable_store_lib.outer_context_is_eager():
-      with tf.init_scope(), variable_store_lib.root_name_scope():
-        with tf.device("/cpu:0"):
-          full = variable_store_lib.initial_value(variable)
-          pieces = mesh_impl.make_slices(full, variable.shape)
-        slices = []
-        for pnum, (device, piece) in enumerate(
-            zip(mesh_impl.devices, pieces)):
-          with tf.device(device):
-            slices.append(tf.Variable(
-                tf.cast(piece, variable.slice_dtype),
-                name=f"{variable.name}_slice_{pnum}",
-                trainable=variable.trainable))
-      return _SliceVariables(None, slices, self._slice_shape,
-                             variable.slice_dtype)
-    with tf.init_scope(), variable_store_lib.root_name_scope():
-      with tf.compat.v1.device(variable.mesh.variable_placer_fn):
-        master = tf.compat.v1.Variable(
-            lambda: variable_store_lib.initial_value(variable),
-            name=variable.name, trainable=variable.trainable,
-            dtype=variable.master_dtype, use_resource=True)
-      slice_is_master = (
-          mesh_impl.size == 1 and
-          variable.master_dtype == variable.slice_dtype and
-          mesh_impl.devices[0] in ("", master.device))
-      if slice_is_master:
-        slices = [master]
-      else:
-        slices = []
-        for pnum, device in enumerate(mesh_impl.devices):
-          with tf.device(device):
-            slices.append(tf.compat.v1.Variable(
-                tf.zeros(self._slice_shape, variable.slice_dtype),
-                name=f"{variable.name}_slice_{pnum}", trainable=False,
-                collections=[], use_resource=True))
-    return _SliceVariables(master, slices, self._slice_shape,
-                           variable.slice_dtype)
-
-  @property
-  def slice_variables(self):
-    return list(self._entry.slices)
-
-  @property
-  def master(self):
-    return self._entry.master
-
-  @property
-  def laid_out_tensor(self):
-    """The current slice values in the variable's activation dtype."""
-    dtype = self._variable.activation_dtype
-    out = []
-    for device, v in zip(self._mesh_impl.devices, self._entry.slices):
-      with tf.device(device):
-        value = v.value() if hasattr(v, "value") else tf.identity(v)
-        out.append(value if value.dtype == dtype else tf.cast(value, dtype))
-    return LaidOutTensor(out)
-
-  def assign_to_slices(self, assign_fn, values):
-    """Runs `assign_fn(slice_variable, value)` on every processor."""
-    ops = []
-    for device, v, value in zip(self._mesh_impl.devices, self._entry.slices,
-                                values):
-      with tf.device(device):
-        ops.append(assign_fn(v, value))
-    return _group(ops)
-
-  def copy_master_to_slices(self):
-    """Compat graph mode: fills the slices from the master (else a no-op)."""
-    master = self._entry.master
-    if master is None or self._entry.slices[0] is master:
-      return _group([])
-    pieces = self._mesh_impl.make_slices(master.value(), self._variable.shape)
-    ops = []
-    for device, v, piece in zip(self._mesh_impl.devices, self._entry.slices,
-                                pieces):
-      with tf.device(device):
-        ops.append(v.assign(tf.cast(piece, v.dtype), read_value=False))
-    return _group(ops)
-
-  def copy_slices_to_master(self):
-    """Compat graph mode: writes the assembled slices to the master."""
-    master = self._entry.master
-    if master is None or self._entry.slices[0] is master:
-      return _group([])
-    with tf.device(master.device):
-      full = self._mesh_impl.combine_slices(
-          [v.value() for v in self._entry.slices], self._variable.shape,
-          device=master.device)
-      return master.assign(tf.cast(full, master.dtype), read_value=False)
-
-
-def _group(ops):
-  ops = [op for op in ops if op is not None]
-  if tf.executing_eagerly():
-    return None
-  return tf.group(*ops) if ops else tf.no_op()

@@ -20,6 +20,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
 
 
@@ -46,11 +47,17 @@ def root_name_scope():
 
 
 class VariableStore:
-  """Maps mtf variable names to their TF variables, per execution context."""
+  """Maps mtf variable names to their TF variables, per execution context.
 
-  def __init__(self):
+  Args:
+    checkpoint_root: the trackable object (the mesh implementation) under
+      which eager / tf.function variables are checkpointed by mtf name.
+  """
+
+  def __init__(self, checkpoint_root=None):
     self._eager = {}
     self._graphs = weakref.WeakKeyDictionary()
+    self._checkpoint_root = checkpoint_root
 
   def _entries(self):
     if outer_context_is_eager():
@@ -66,6 +73,16 @@ class VariableStore:
       raise errors.ShapeError(f"Variable {name!r} is already in the store.")
     entries[name] = entry
 
+  def track(self, name, node):
+    """Makes `node` (a trackable) the checkpoint entry of variable `name`.
+
+    Only eager / tf.function variables are tracked; compat graph mode
+    checkpoints the master variables with `tf.compat.v1.train.Saver`.
+    """
+    if self._checkpoint_root is not None and outer_context_is_eager():
+      with tf.init_scope():
+        checkpointing.track(self._checkpoint_root, name, node)
+
   def counter(self, name):
     """A scalar int64 variable starting at 0, created on first use (on the
     host; in graph mode it is a global variable, so checkpoints hold it)."""
@@ -75,6 +92,7 @@ class VariableStore:
         if tf.executing_eagerly():
           entries[name] = tf.Variable(tf.constant(0, tf.int64), name=name,
                                       trainable=False)
+          self.track(name, entries[name])
         else:
           entries[name] = tf.compat.v1.Variable(
               tf.constant(0, tf.int64), name=name, trainable=False,

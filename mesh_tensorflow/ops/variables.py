@@ -75,7 +75,8 @@ class Variable(graph_lib.Operation):
     return self._trainable
 
   def lower(self, lowering):
-    laid_out_variable = lowering.mesh_impl(self).make_laid_out_variable(self)
+    laid_out_variable = lowering.mesh_impl(self).make_laid_out_variable(
+        self, lowering.stack_group(self))
     lowering.variables[self] = laid_out_variable
     lowering.set_tensor_lowering(self._outputs[0],
                                  laid_out_variable.laid_out_tensor)
@@ -141,7 +142,7 @@ class ReadVariable(graph_lib.Operation):
   def lower(self, lowering):
     control = [lowering.lowered_operation(op) for op in self._dependencies]
     with tf.control_dependencies([c for c in control if c is not None]):
-      value = lowering.variables[self._var].laid_out_tensor
+      value = lowering.variables[self._var].read()
     lowering.set_tensor_lowering(self._outputs[0], value)
 
 
@@ -199,14 +200,11 @@ class Assign(graph_lib.Operation):
     return self._assign_fn
 
   def lower(self, lowering):
-    ops = []
-    for var, value in zip(self._variables, self._inputs):
-      laid_out = lowering.laid_out_tensor(value)
-      ops.append(lowering.variables[var].assign_to_slices(
-          self._assign_fn, laid_out.all_slices))
-    ops = [op for op in ops if op is not None]
-    lowering.operations[self] = (
-        None if tf.executing_eagerly() else tf.group(*ops))
+    laid_out_variables = [lowering.variables[v] for v in self._variables]
+    values = [lowering.laid_out_tensor(x) for x in self._inputs]
+    lowering.operations[self] = lowering.mesh_impl(
+        self).assign_to_variables(laid_out_variables, values,
+                                  self._assign_fn)
 
 
 def _as_variable(var):

@@ -1,0 +1,179 @@
+"""Layout-independent checkpoints of mtf variables.
+
+In eager and `tf.function` mode a mesh implementation is a trackable object:
+`tf.train.Checkpoint(model=mesh_impl)` saves every mtf variable it holds as
+ONE full tensor, in the variable's master dtype, at the checkpoint key
+
+    model/<mtf name>/.ATTRIBUTES/VARIABLE_VALUE
+
+(e.g. `model/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE`), readable with
+`tf.train.load_checkpoint`. The tensor is written as the distinct slices
+the processors hold (TF's sliced-tensor checkpoint format, as for
+partitioned variables), so no device ever assembles the full value; on
+restore each processor reads just its own slice, whatever mesh and layout
+wrote the file. A variable restored before it exists (restore, then trace)
+is filled when the first lowering creates it.
+
+In `tf.compat.v1` graph mode each mtf variable also has a master variable
+named exactly like it; `tf.compat.v1.train.Saver` saves those, after
+`Lowering.copy_slices_to_masters()`, as in the original library.
+`load_variables` reads either kind of checkpoint back by mtf name.
+"""
+
+import tensorflow as tf
+
+from mesh_tensorflow import shape as shape_lib
+
+Trackable = tf.__internal__.tracking.Trackable
+
+VALUE_KEY = "VARIABLE_VALUE"
+_ATTRIBUTES = "/.ATTRIBUTES/"
+
+
+class ScopeNode(Trackable):
+  """A checkpoint node named after one component of an mtf name."""
+
+  def child(self, name):
+    return self._lookup_dependency(name)  # pylint: disable=no-member
+
+
+def track(root, name, node):
+  """Adds `node` under `root` at path `name` ("scope/.../leaf").
+
+  Missing scope nodes are created on the way. Each new node is offered to
+  any pending (deferred) restoration, so a variable created after
+  `Checkpoint.restore` is restored at once.
+  """
+  parts = name.split("/")
+  parent = root
+  for i, part in enumerate(parts):
+    parent._maybe_initialize_trackable()  # pylint: disable=protected-access
+    existing = parent._lookup_dependency(part)  # pylint: disable=protected-access
+    if i == len(parts) - 1:
+      child = node
+      node._maybe_initialize_trackable()  # pylint: disable=protected-access
+      if existing is not None:
+        # A scope node created for deeper names becomes the variable node.
+        for grandchild_name, grandchild in existing._trackable_children().items():  # pylint: disable=protected-access
+          node._track_trackable(grandchild, grandchild_name)  # pylint: disable=protected-access
+    elif existing is not None:
+      parent = existing
+      continue
+    else:
+      child = ScopeNode()
+    parent._track_trackable(child, part, overwrite=True)  # pylint: disable=protected-access
+    parent._handle_deferred_dependencies(part, child)  # pylint: disable=protected-access
+    parent = child
+
+
+def _slice_spec(full_shape, begin, size):
+  """TF's "shape offsets,lengths:..." spec of one block of a tensor."""
+  shape = " ".join(str(d) for d in full_shape)
+  blocks = ":".join(f"{b},{s}" for b, s in zip(begin, size))
+  return f"{shape} {blocks}"
+
+
+class SlicedVariableNode(ScopeNode):
+  """Checkpoints one mtf variable from the slices its processors hold.
+
+  Args:
+    mesh_impl: the mesh implementation (layout and devices).
+    shape: the variable's mtf Shape.
+    master_dtype: the dtype it is saved in.
+    storage: gives `slice_value(pnum)` (a tf.Tensor) and
+      `assign_slice(pnum, value)` for every processor.
+    devices: the device of each processor, in pnum order.
+  """
+
+  def __init__(self, mesh_impl, shape, master_dtype, storage, devices):
+    self._mesh_impl = mesh_impl
+    self._shape = shape_lib.convert_to_shape(shape)
+    self._master_dtype = master_dtype
+    self._storage = storage
+    self._devices = list(devices)
+
+  def _blocks(self):
+    """{slice spec ("" if unsplit): [pnums holding that block]}."""
+    full = self._shape.to_integer_list()
+    size = self._mesh_impl.slice_shape(self._shape)
+    blocks = {}
+    for pnum in range(self._mesh_impl.size):
+      if size == full:
+        spec = ""
+      else:
+        spec = _slice_spec(full, self._mesh_impl.slice_begin(self._shape, pnum),
+                           size)
+      blocks.setdefault(spec, []).append(pnum)
+    return blocks
+
+  def _serialize_to_tensors(self):
+    tensors = {}
+    for spec, pnums in self._blocks().items():
+      pnum = pnums[0]
+      with tf.device(self._devices[pnum]):
+        value = self._storage.slice_value(pnum)
+        tensors[spec] = tf.cast(value, self._master_dtype)
+    if list(tensors) == [""]:
+      return {VALUE_KEY: tensors[""]}
+    return {VALUE_KEY: tensors}
+
+  def _restore_from_tensors(self, restored_tensors):
+    restored = restored_tensors[VALUE_KEY]
+    if not isinstance(restored, dict):
+      restored = {"": restored}
+    ops = []
+    for spec, pnums in self._blocks().items():
+      for pnum in pnums:
+        with tf.device(self._devices[pnum]):
+          ops.append(self._storage.assign_slice(pnum, restored[spec]))
+    if tf.executing_eagerly():
+      return None
+    return tf.group(*[op for op in ops if op is not None])
+
+
+def _unescape(name):
+  """Inverts TF's escaping of '/' (".S") and '.' ("..") in node names."""
+  out = []
+  i = 0
+  while i < len(name):
+    if name[i] == "." and i + 1 < len(name):
+      out.append("/" if name[i + 1] == "S" else name[i + 1])
+      i += 2
+    else:
+      out.append(name[i])
+      i += 1
+  return "".join(out)
+
+
+def load_variables(checkpoint, prefix=None):
+  """Reads the mtf variables of a checkpoint: {mtf name: numpy value}.
+
+  Args:
+    checkpoint: a checkpoint path or directory (its latest checkpoint).
+    prefix: for object-based (TF2) checkpoints, the attribute the mesh
+      implementation was saved under (e.g. "model"); None reads every
+      variable and names it by its full object path.
+
+  Works for `tf.train.Checkpoint` files written from a mesh implementation
+  and for `tf.compat.v1.train.Saver` files of master variables.
+  """
+  reader = tf.train.load_checkpoint(checkpoint)
+  values = {}
+  for key in reader.get_variable_to_shape_map():
+    if key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"):
+      continue
+    if _ATTRIBUTES in key:
+      path, attribute = key.split(_ATTRIBUTES, 1)
+      if attribute != VALUE_KEY:
+        continue
+      parts = [_unescape(p) for p in path.split("/")]
+      if prefix is not None:
+        if parts[0] != prefix:
+          continue
+        parts = parts[1:]
+      name = "/".join(parts)
+    else:
+      name = key
+    values[name] = reader.get_tensor(key)
+  return values
+
