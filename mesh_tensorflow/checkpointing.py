@@ -20,7 +20,10 @@ named exactly like it; `tf.compat.v1.train.Saver` saves those, after
 `load_variables` reads either kind of checkpoint back by mtf name.
 """
 
+import functools
+
 import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import shape as shape_lib
 
@@ -92,8 +95,24 @@ class SlicedVariableNode(ScopeNode):
     self._storage = storage
     self._devices = list(devices)
 
-  def _blocks(self):
-    """{slice spec ("" if unsplit): [pnums holding that block]}."""
+  @property
+  def master_dtype(self):
+    return self._master_dtype
+
+  def device(self, pnum):
+    return self._devices[pnum]
+
+  def read_block(self, pnum):
+    """Processor `pnum`'s slice, in the master dtype, on its device."""
+    with tf.device(self._devices[pnum]):
+      return tf.cast(self._storage.slice_value(pnum), self._master_dtype)
+
+  def assign_block(self, pnum, value):
+    with tf.device(self._devices[pnum]):
+      return self._storage.assign_slice(pnum, value)
+
+  def blocks(self):
+    """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
     full = self._shape.to_integer_list()
     size = self._mesh_impl.slice_shape(self._shape)
     blocks = {}
@@ -104,28 +123,34 @@ class SlicedVariableNode(ScopeNode):
         spec = _slice_spec(full, self._mesh_impl.slice_begin(self._shape, pnum),
                            size)
       blocks.setdefault(spec, []).append(pnum)
-    return blocks
+    return list(blocks.items())
 
-  def _serialize_to_tensors(self):
-    tensors = {}
-    for spec, pnums in self._blocks().items():
+  def _gather_saveables_for_checkpoint(self):
+    # A SaveableObject with one SaveSpec per distinct block: the form TF
+    # reads and writes sliced tensors in, in TF2 and compat checkpoints.
+    return {VALUE_KEY: lambda name: _SlicedSaveable(self, name)}
+
+
+class _SlicedSaveable(saveable_object.SaveableObject):
+  """Saves one mtf variable block by block; restores each processor's."""
+
+  def __init__(self, node, name):
+    self._node = node
+    self._blocks = node.blocks()
+    specs = []
+    for spec, pnums in self._blocks:
       pnum = pnums[0]
-      with tf.device(self._devices[pnum]):
-        value = self._storage.slice_value(pnum)
-        tensors[spec] = tf.cast(value, self._master_dtype)
-    if list(tensors) == [""]:
-      return {VALUE_KEY: tensors[""]}
-    return {VALUE_KEY: tensors}
+      specs.append(saveable_object.SaveSpec(
+          functools.partial(node.read_block, pnum), spec, name,
+          dtype=node.master_dtype, device=node.device(pnum)))
+    saveable_object.SaveableObject.__init__(self, node, specs, name)
 
-  def _restore_from_tensors(self, restored_tensors):
-    restored = restored_tensors[VALUE_KEY]
-    if not isinstance(restored, dict):
-      restored = {"": restored}
+  def restore(self, restored_tensors, restored_shapes):
+    del restored_shapes  # the variable's own shape is known
     ops = []
-    for spec, pnums in self._blocks().items():
+    for (_, pnums), value in zip(self._blocks, restored_tensors):
       for pnum in pnums:
-        with tf.device(self._devices[pnum]):
-          ops.append(self._storage.assign_slice(pnum, restored[spec]))
+        ops.append(self._node.assign_block(pnum, value))
     if tf.executing_eagerly():
       return None
     return tf.group(*[op for op in ops if op is not None])
