@@ -428,3 +428,5 @@ def dense_relu_dense(x, hidden_channels, is_training=False, dropout=0.0,
 # pylint: disable=g-import-not-at-top,wildcard-import,wrong-import-position
 from mesh_tensorflow.attention_layers import *
 from mesh_tensorflow.conv_layers import *
+from mesh_tensorflow.conv_transpose_layers import *
+from mesh_tensorflow.residual_layers import *
