@@ -24,6 +24,8 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/mlp_stack.py
 	$(PY) benchmarks/recompute_memory.py
+	$(PY) benchmarks/checkpoint_memory.py
+	$(PY) benchmarks/autostack.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

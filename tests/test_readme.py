@@ -14,7 +14,8 @@ def _python_blocks():
 
 
 def test_readme_mlp_example_runs(tmp_path):
-  (example,) = [b for b in _python_blocks() if "PlacementMeshImpl" in b]
+  (example,) = [b for b in _python_blocks()
+                if "set_logical_device_configuration" in b]
   script = tmp_path / "readme_example.py"
   script.write_text(example)
   result = subprocess.run([sys.executable, str(script)], capture_output=True,
