@@ -159,10 +159,7 @@ class Lowering:
     (the counter starts at 0 and lives with the model's variables).
     """
     if mesh_impl not in self._random_steps:
-      counter = mesh_impl.variable_store.counter("mtf_random_step")
-      with tf.device(counter.device):
-        after = tf.convert_to_tensor(counter.assign_add(1, read_value=True))
-        self._random_steps[mesh_impl] = after - 1
+      self._random_steps[mesh_impl] = mesh_impl.next_random_step()
     return self._random_steps[mesh_impl]
 
   def add_scalar_summary(self, name, value):

@@ -44,6 +44,14 @@ class LaidOutTensor:
     return self._tensor_list
 
   @property
+  def one_slice(self):
+    """The only slice (SIMD implementations hold exactly one)."""
+    if len(self._tensor_list) != 1:
+      raise ValueError(f"one_slice of a LaidOutTensor with "
+                       f"{len(self._tensor_list)} slices.")
+    return self._tensor_list[0]
+
+  @property
   def slice_shape(self):
     return self._tensor_list[0].shape.as_list()
 
@@ -317,6 +325,17 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
     `stack_group` (from the Lowering's autostack plan, or None) names the
     variables to store together with it, where the implementation stacks.
     """
+
+  def next_random_step(self):
+    """Advances the "mtf_random_step" counter; returns its old value.
+
+    The counter lives in the variable store (on the host), so it is
+    checkpointed with the model.
+    """
+    counter = self.variable_store.counter("mtf_random_step")
+    with tf.device(counter.device):
+      after = tf.convert_to_tensor(counter.assign_add(1, read_value=True))
+      return after - 1
 
   @property
   def supports_autostack(self):

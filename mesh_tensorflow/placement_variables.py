@@ -296,7 +296,7 @@ def assign_to_variables(laid_out_variables, laid_out_values, assign_fn):
   return _group(ops)
 
 
-def _checkpoint_node(variable, mesh_impl, entry):
+def checkpoint_node(variable, mesh_impl, entry):
   return checkpointing.SlicedVariableNode(
       mesh_impl, variable.shape, variable.master_dtype, entry,
       mesh_impl.devices)
@@ -333,7 +333,7 @@ def _create_single(variable, mesh_impl):
               trainable=variable.trainable))
       entry = SliceVariables(None, slices, slice_shape, variable.slice_dtype)
       store.put(variable.name, entry)
-      store.track(variable.name, _checkpoint_node(variable, mesh_impl, entry))
+      store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
       return
     master = _create_master(variable)
     slice_is_master = (
@@ -388,7 +388,7 @@ def _create_stack(variables, mesh_impl):
       store.put(variable.name, entry)
       if eager:
         store.track(variable.name,
-                    _checkpoint_node(variable, mesh_impl, entry))
+                    checkpoint_node(variable, mesh_impl, entry))
 
 
 def _group(ops):

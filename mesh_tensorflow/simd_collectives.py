@@ -1,0 +1,105 @@
+"""Collective back ends of SimdMeshImpl.
+
+A SIMD program is the program of one processor; its collectives name the
+groups of processors that take part (lists of processor numbers, one list
+per group) and find their own group at run time from the processor number.
+
+`HostCollectives` uses TensorFlow's V2 collective ops (CPU, and GPU where TF
+picks NCCL): group sizes and keys come from `assign_group_v2` on the
+processor-number tensor, so one traced program serves every device. Each
+device's call passes an ordering token (the handle of a resource variable
+on that device); without it the V2 ops wait forever for each other.
+"""
+
+import itertools
+import threading
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
+
+# Group and instance keys are process-wide in TF's collective executor.
+_KEY_LOCK = threading.Lock()
+_NEXT_GROUP_KEY = itertools.count(1000)
+_NEXT_INSTANCE_KEY = itertools.count(1)
+_GROUP_BASE_KEYS = {}
+
+_MERGE_OPS = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
+
+
+def _group_base_key(devices, group_assignment):
+  """A base key for `group_assignment` on `devices`, the same on every call.
+
+  Groups of the assignment take keys base, base + 1, ...
+  """
+  key = (tuple(devices), tuple(tuple(g) for g in group_assignment))
+  with _KEY_LOCK:
+    if key not in _GROUP_BASE_KEYS:
+      base = next(_NEXT_GROUP_KEY)
+      for _ in range(len(group_assignment) - 1):
+        next(_NEXT_GROUP_KEY)
+      _GROUP_BASE_KEYS[key] = base
+    return _GROUP_BASE_KEYS[key]
+
+
+def _instance_key():
+  with _KEY_LOCK:
+    return next(_NEXT_INSTANCE_KEY)
+
+
+class HostCollectives:
+  """Collectives among the devices of one host (or of a TF cluster).
+
+  Args:
+    devices: the device of each processor, in processor order.
+    pnum_fn: returns the processor-number tensor of the program being
+      traced.
+    token_fn: returns this program's ordering token (a resource handle).
+    timeout_seconds: fail a collective whose group does not assemble in
+      this time (None: wait forever).
+  """
+
+  name = "host"
+
+  def __init__(self, devices, pnum_fn, token_fn, timeout_seconds=None):
+    self._timeout = timeout_seconds or 0
+    self._devices = list(devices)
+    self._pnum_fn = pnum_fn
+    self._token_fn = token_fn
+
+  def _group(self, group_assignment):
+    base = _group_base_key(self._devices, group_assignment)
+    return collective_ops.assign_group_v2(group_assignment, self._pnum_fn(),
+                                          base_key=base)
+
+  def all_reduce(self, x, group_assignment, reduction):
+    """Reduces `x` ("SUM", "MAX", "MIN") within each group, exactly."""
+    if x.dtype == tf.bool:
+      as_int = self.all_reduce(tf.cast(x, tf.int32), group_assignment,
+                               reduction)
+      return tf.cast(as_int, tf.bool)
+    group_size, group_key = self._group(group_assignment)
+    return collective_ops.all_reduce_v2(
+        x, group_size, group_key, _instance_key(),
+        merge_op=_MERGE_OPS[reduction], final_op="Id",
+        ordering_token=self._token_fn(), timeout=self._timeout)
+
+  def all_gather(self, x, group_assignment):
+    """Concatenates the groups' `x` on axis 0, in group order."""
+    if x.dtype == tf.bool:
+      return tf.cast(self.all_gather(tf.cast(x, tf.int32), group_assignment),
+                     tf.bool)
+    group_size, group_key = self._group(group_assignment)
+    return collective_ops.all_gather_v2(
+        x, group_size, group_key, _instance_key(),
+        ordering_token=self._token_fn(), timeout=self._timeout)
+
+  def all_to_all(self, x, group_assignment):
+    """Member k of a group gets block k (axis 0) of every member's `x`,
+    concatenated on axis 0 in group order."""
+    if x.dtype == tf.bool:
+      return tf.cast(self.all_to_all(tf.cast(x, tf.int32), group_assignment),
+                     tf.bool)
+    group_size, group_key = self._group(group_assignment)
+    return collective_ops.all_to_all_v2(
+        x, group_size, group_key, _instance_key(),
+        ordering_token=self._token_fn(), timeout=self._timeout)
