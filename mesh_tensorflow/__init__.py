@@ -7,10 +7,13 @@ implementation, and run the resulting TensorFlow ops.
 """
 
 from mesh_tensorflow import autograph_rules
+from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
+from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow import tpu_topology
 from mesh_tensorflow.errors import IndivisibleError
 from mesh_tensorflow.errors import LayoutError
 from mesh_tensorflow.errors import ShapeError
