@@ -153,8 +153,8 @@ class Optimizer:
     return mtf.assign(step, step + 1, name="increment_global_step")
 
 
-class SgdOptimizer(Optimizer):
-  """Plain gradient descent: var -= learning_rate * grad."""
+class _LearningRateOptimizer(Optimizer):
+  """An optimizer whose only rate is a learning rate (maybe a schedule)."""
 
   def __init__(self, learning_rate):
     self._lr = learning_rate
@@ -166,6 +166,10 @@ class SgdOptimizer(Optimizer):
   def _uses_global_step(self):
     return _is_schedule(self._lr)
 
+
+class SgdOptimizer(_LearningRateOptimizer):
+  """Plain gradient descent: var -= learning_rate * grad."""
+
   def apply_grad(self, grad, var):
     # assign_sub rather than assign(var, var - ...): with bfloat16
     # activations, the value read would be rounded once more each step.
@@ -173,19 +177,12 @@ class SgdOptimizer(Optimizer):
     return [mtf.assign_sub(var, grad * lr)]
 
 
-class MomentumOptimizer(Optimizer):
+class MomentumOptimizer(_LearningRateOptimizer):
   """SGD with momentum: v = momentum * v - lr * grad; var += v."""
 
   def __init__(self, learning_rate, momentum):
-    self._lr = learning_rate
+    super().__init__(learning_rate)
     self._momentum = momentum
-
-  @property
-  def lr(self):
-    return self._lr
-
-  def _uses_global_step(self):
-    return _is_schedule(self._lr)
 
   def apply_grad(self, grad, var):
     velocity = _slot(var, "_momentum_v", dtype=var.variable_dtype)

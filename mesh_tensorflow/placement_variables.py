@@ -159,13 +159,8 @@ class LaidOutVariable:
       else:
         _create_single(variable, mesh_impl)
       entry = store.get(variable.name)
-    elif (entry.slice_shape != self._slice_shape or
-          entry.slice_dtype != variable.slice_dtype):
-      raise errors.ShapeError(
-          f"Variable {variable.name!r} exists with slice shape "
-          f"{entry.slice_shape} and dtype {entry.slice_dtype.name}, but is "
-          f"now requested with shape {variable.shape} (slice shape "
-          f"{self._slice_shape}) and dtype {variable.slice_dtype.name}.")
+    else:
+      check_existing(entry, variable, self._slice_shape)
     self._entry = entry
 
   @property
@@ -317,23 +312,44 @@ def _create_master(variable):
         dtype=variable.master_dtype, use_resource=True)
 
 
+def create_eager_slices(variable, mesh_impl):
+  """Eager / tf.function: creates, stores and tracks one TF variable per
+  processor holding its slice of the initial value; returns the entry."""
+  store = mesh_impl.variable_store
+  with tf.init_scope(), variable_store_lib.root_name_scope():
+    pieces = _eager_slices(variable, mesh_impl)
+    slices = []
+    for pnum, (device, piece) in enumerate(zip(mesh_impl.devices, pieces)):
+      with tf.device(device):
+        slices.append(tf.Variable(
+            tf.cast(piece, variable.slice_dtype),
+            name=f"{variable.name}_slice_{pnum}",
+            trainable=variable.trainable))
+    entry = SliceVariables(None, slices, mesh_impl.slice_shape(variable.shape),
+                           variable.slice_dtype)
+    store.put(variable.name, entry)
+    store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
+  return entry
+
+
+def check_existing(entry, variable, slice_shape):
+  """Raises if a stored variable does not fit `variable`'s slices."""
+  if (entry.slice_shape != slice_shape or
+      entry.slice_dtype != variable.slice_dtype):
+    raise errors.ShapeError(
+        f"Variable {variable.name!r} exists with slice shape "
+        f"{entry.slice_shape} and dtype {entry.slice_dtype.name}, but is "
+        f"now requested with shape {variable.shape} (slice shape "
+        f"{slice_shape}) and dtype {variable.slice_dtype.name}.")
+
+
 def _create_single(variable, mesh_impl):
   """Creates and stores the slice variables of one mtf variable."""
   store = mesh_impl.variable_store
   slice_shape = mesh_impl.slice_shape(variable.shape)
   with tf.init_scope(), variable_store_lib.root_name_scope():
     if variable_store_lib.outer_context_is_eager():
-      pieces = _eager_slices(variable, mesh_impl)
-      slices = []
-      for pnum, (device, piece) in enumerate(zip(mesh_impl.devices, pieces)):
-        with tf.device(device):
-          slices.append(tf.Variable(
-              tf.cast(piece, variable.slice_dtype),
-              name=f"{variable.name}_slice_{pnum}",
-              trainable=variable.trainable))
-      entry = SliceVariables(None, slices, slice_shape, variable.slice_dtype)
-      store.put(variable.name, entry)
-      store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
+      create_eager_slices(variable, mesh_impl)
       return
     master = _create_master(variable)
     slice_is_master = (

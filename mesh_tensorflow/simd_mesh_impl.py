@@ -19,6 +19,8 @@ Collective back ends (see simd_collectives): "host" (TF's collective ops,
 CPU/GPU; runs here).
 """
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -81,6 +83,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     self._pnum = None
     self._tokens = None
     self._per_device_captures = {}
+    self._last_program = None  # (fn, signature, concrete, eager dispatcher)
     self._collectives = simd_collectives.HostCollectives(
         devices, self._current_pnum, self._current_token,
         timeout_seconds=collective_timeout_seconds)
@@ -144,6 +147,20 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       processor 0's result.
     """
     args = [tf.convert_to_tensor(a) for a in args]
+    signature = tuple(tf.TensorSpec(a.shape, a.dtype) for a in args)
+    cached = self._last_program
+    if cached is None or cached[0] is not fn or cached[1] != signature:
+      concrete = self._trace_program(fn, signature)
+      dispatcher = tf.function(
+          functools.partial(self._dispatch, concrete), autograph=False)
+      cached = self._last_program = (fn, signature, concrete, dispatcher)
+    _, _, concrete, dispatcher = cached
+    if tf.executing_eagerly():
+      return dispatcher(*args)
+    return self._dispatch(concrete, *args)
+
+  def _trace_program(self, fn, signature):
+    """The concrete function of fn's program, taking (pnum, *args)."""
 
     def program(pnum, *program_args):
       previous = self._pnum
@@ -153,27 +170,21 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       finally:
         self._pnum = previous
 
-    self._token_variables()
-    signature = [tf.TensorSpec([], tf.int32)] + [
-        tf.TensorSpec(a.shape, a.dtype) for a in args]
-    concrete = tf.function(program, autograph=False).get_concrete_function(
-        *signature)
+    return tf.function(program, autograph=False).get_concrete_function(
+        tf.TensorSpec([], tf.int32), *signature)
 
-    def dispatch(*dispatch_args):
-      results = []
-      for pnum, device in enumerate(self._devices):
-        captures = []
-        for c in concrete.captured_inputs:
-          per_device = self._per_device_captures.get(id(c))
-          captures.append(c if per_device is None else per_device[pnum])
-        with tf.device(device):
-          results.append(concrete._call_flat(  # pylint: disable=protected-access
-              [tf.constant(pnum, tf.int32)] + list(dispatch_args), captures))
-      return results[0]
-
-    if tf.executing_eagerly():
-      return tf.function(dispatch, autograph=False)(*args)
-    return dispatch(*args)
+  def _dispatch(self, concrete, *args):
+    """Calls `concrete` once per device, each with its own variables."""
+    results = []
+    for pnum, device in enumerate(self._devices):
+      captures = []
+      for c in concrete.captured_inputs:
+        per_device = self._per_device_captures.get(id(c))
+        captures.append(c if per_device is None else per_device[pnum])
+      with tf.device(device):
+        results.append(concrete._call_flat(  # pylint: disable=protected-access
+            [tf.constant(pnum, tf.int32)] + list(args), captures))
+    return results[0]
 
   # --------------------------------------------------------- computation
 
@@ -357,38 +368,11 @@ class SimdLaidOutVariable:
     slice_shape = mesh_impl.slice_shape(variable.shape)
     entry = store.get(variable.name)
     if entry is None:
-      entry = self._create(slice_shape)
-    elif (entry.slice_shape != slice_shape or
-          entry.slice_dtype != variable.slice_dtype):
-      raise errors.ShapeError(
-          f"Variable {variable.name!r} exists with slice shape "
-          f"{entry.slice_shape} and dtype {entry.slice_dtype.name}, but is "
-          f"now requested with shape {variable.shape} and dtype "
-          f"{variable.slice_dtype.name}.")
+      entry = placement_variables.create_eager_slices(variable, mesh_impl)
+      mesh_impl._register_per_device([v.handle for v in entry.slices])  # pylint: disable=protected-access
+    else:
+      placement_variables.check_existing(entry, variable, slice_shape)
     self._entry = entry
-
-  def _create(self, slice_shape):
-    variable, mesh_impl = self._variable, self._mesh_impl
-    with tf.init_scope(), variable_store_lib.root_name_scope():
-      with tf.device("/cpu:0"):
-        full = variable_store_lib.initial_value(variable)
-        pieces = mesh_impl.make_slices(full, variable.shape)
-      slices = []
-      for pnum, (device, piece) in enumerate(zip(mesh_impl.devices,
-                                                 pieces)):
-        with tf.device(device):
-          slices.append(tf.Variable(
-              tf.cast(piece, variable.slice_dtype),
-              name=f"{variable.name}_slice_{pnum}",
-              trainable=variable.trainable))
-      entry = placement_variables.SliceVariables(
-          None, slices, slice_shape, variable.slice_dtype)
-      mesh_impl.variable_store.put(variable.name, entry)
-      mesh_impl.variable_store.track(
-          variable.name,
-          placement_variables.checkpoint_node(variable, mesh_impl, entry))
-      mesh_impl._register_per_device([v.handle for v in slices])  # pylint: disable=protected-access
-    return entry
 
   @property
   def storage(self):
