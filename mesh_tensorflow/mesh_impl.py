@@ -242,11 +242,11 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
       self._counter_fn(key, value)
 
   def _count_collective(self, kind, mesh_axes, x):
-    """Counts one collective call and the bytes its inputs hold."""
+    """Counts one collective call and the bytes its inputs hold on all
+    processors together (the same whichever implementation lowers it)."""
     axes = "_".join(self._shape[a].name for a in mesh_axes) or "none"
     first = x.tensor_list[0]
-    nbytes = (first.dtype.size * first.shape.num_elements() *
-              len(x.tensor_list))
+    nbytes = first.dtype.size * first.shape.num_elements() * self.size
     self._count(f"comm/{kind}/{axes}/calls", 1)
     self._count(f"comm/{kind}/{axes}/bytes", nbytes)
 

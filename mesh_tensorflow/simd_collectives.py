@@ -103,3 +103,17 @@ class HostCollectives:
     return collective_ops.all_to_all_v2(
         x, group_size, group_key, _instance_key(),
         ordering_token=self._token_fn(), timeout=self._timeout)
+
+  def permute(self, x, source_target_pairs, group_assignment):
+    """Each target of a (source, target) pair of processor numbers gets the
+    source's `x`; processors that are no target get zeros. Pairs stay within
+    the groups of `group_assignment`."""
+    source_of = {target: source for source, target in source_target_pairs}
+    index_in_group = {member: i for group in group_assignment
+                      for i, member in enumerate(group)}
+    table = [index_in_group[source_of[p]] if p in source_of else -1
+             for p in range(len(self._devices))]
+    gathered = self.all_gather(x[tf.newaxis], group_assignment)
+    source = tf.gather(tf.constant(table, tf.int32), self._pnum_fn())
+    value = tf.gather(gathered, tf.maximum(source, 0))
+    return tf.where(source >= 0, value, tf.zeros_like(value))

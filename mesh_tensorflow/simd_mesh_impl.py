@@ -146,6 +146,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     Returns:
       processor 0's result.
     """
+    return self.run_each(fn, *args)[0]
+
+  def run_each(self, fn, *args):
+    """Like `run`, returning the list of every processor's result."""
     args = [tf.convert_to_tensor(a) for a in args]
     signature = tuple(tf.TensorSpec(a.shape, a.dtype) for a in args)
     cached = self._last_program
@@ -184,7 +188,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       with tf.device(device):
         results.append(concrete._call_flat(  # pylint: disable=protected-access
             [tf.constant(pnum, tf.int32)] + list(args), captures))
-    return results[0]
+    return results
 
   # --------------------------------------------------------- computation
 
@@ -267,13 +271,15 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def receive(self, x, mesh_axis, source_pcoord):
     x = x.to_laid_out_tensor()
     self._count_collective("receive", [mesh_axis], x)
-    t = x.one_slice
-    gathered = self._gather_on_axis0(t[tf.newaxis], mesh_axis)
-    sources = np.array([-1 if s is None else s for s in source_pcoord],
-                       np.int32)
-    source = tf.gather(tf.constant(sources), self._pcoord(mesh_axis))
-    value = tf.gather(gathered, tf.maximum(source, 0))
-    return LaidOutTensor([tf.where(source >= 0, value, tf.zeros_like(value))])
+    groups = self.processor_groups([mesh_axis])
+    pairs = []
+    for group in groups:  # Members are in pcoord order along mesh_axis.
+      for pcoord, target in enumerate(group):
+        source = source_pcoord[pcoord]
+        if source is not None:
+          pairs.append((group[source], target))
+    return LaidOutTensor([self._collectives.permute(x.one_slice, pairs,
+                                                    groups)])
 
   # ------------------------------------------------------ import / export
 

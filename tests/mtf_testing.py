@@ -1,8 +1,10 @@
 """Shared test helpers: devices, layouts, execution modes and a NumPy check.
 
 Every op test runs the same mtf program under a table of meshes and layouts,
-in each of TensorFlow's three execution modes, and compares the exported
-values (and gradients) with a NumPy reference computed in float64.
+in each of TensorFlow's three execution modes on PlacementMeshImpl, and in
+tf.function mode on SimdMeshImpl (host collectives; mode "simd"), and
+compares the exported values (and gradients) with a NumPy reference computed
+in float64.
 """
 
 import os
@@ -13,7 +15,10 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 NUM_DEVICES = 8
-MODES = ("eager", "function", "graph")
+# "simd" is tf.function mode on SimdMeshImpl; the others use
+# PlacementMeshImpl.
+PLACEMENT_MODES = ("eager", "function", "graph")
+MODES = PLACEMENT_MODES + ("simd",)
 
 
 def configure_logical_devices(num_devices=NUM_DEVICES):
@@ -48,12 +53,46 @@ def standard_layouts(dim_names):
   return cases
 
 
-def run_in_mode(mode, build_and_lower):
+_CURRENT_IMPL = []
+
+
+def current_impl():
+  """The mesh implementation check_op is lowering onto (for build_fns that
+  lay out slices by hand)."""
+  return _CURRENT_IMPL[-1]
+
+
+def make_impl(mode, mesh_shape, layout, **kwargs):
+  """The mesh implementation a test in `mode` runs on.
+
+  Make it outside any tf.function: it owns the program's variables.
+  """
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  if mode == "simd":
+    return mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, layout, **kwargs)
+  return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout,
+                                                   **kwargs)
+
+
+def run_in_mode(mode, build_and_lower, impl=None, each_processor=False):
   """Runs `build_and_lower()` -> (lowering, structure of tf tensors).
 
   Returns the structure as NumPy values, computed eagerly, inside a
-  tf.function, or in a compat-mode tf.Graph with a Session.
+  tf.function, or in a compat-mode tf.Graph with a Session. In "simd" mode
+  (`impl` must be the SimdMeshImpl lowered onto, from `make_impl`) it is
+  the program of one processor, run on all of them inside a tf.function;
+  the result is processor 0's, or every processor's as a list when
+  `each_processor`.
   """
+  if mode == "simd":
+    import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+    if not isinstance(impl, mtf.simd_mesh_impl.SimdMeshImpl):
+      raise TypeError("simd mode runs on a SimdMeshImpl: pass impl="
+                      f"make_impl('simd', ...), got {impl!r}.")
+    results = tf.function(
+        lambda: impl.run_each(lambda: build_and_lower()[1]))()
+    results = [tf.nest.map_structure(np.asarray, r) for r in results]
+    return results if each_processor else results[0]
   if mode == "eager":
     _, result = build_and_lower()
     return tf.nest.map_structure(np.asarray, result)
@@ -135,7 +174,7 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
   begins = {}
   # One mesh implementation, made outside any tf.function: it owns the
   # program's variables (a tf.function traces twice when it creates them).
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+  impl = make_impl(mode, mesh_shape, layout)
 
   def build_and_lower():
     graph = mtf.Graph()
@@ -173,7 +212,19 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
     return lowering, {"outputs": exported, "grads": exported_grads,
                       "slices": slices}
 
-  result = run_in_mode(mode, build_and_lower)
+  _CURRENT_IMPL.append(impl)
+  try:
+    if mode == "simd":
+      per_processor = run_in_mode(mode, build_and_lower, impl,
+                                  each_processor=True)
+      result = per_processor[0]
+      # Each processor's program holds its own slice.
+      result["slices"] = {k: [r["slices"][k][0] for r in per_processor]
+                          for k in result["slices"]}
+    else:
+      result = run_in_mode(mode, build_and_lower)
+  finally:
+    _CURRENT_IMPL.pop()
   where = f"[mesh {mesh_shape!r}, layout {layout!r}, mode {mode}]"
   for k, want in expected.items():
     got = result["outputs"][k]
@@ -246,7 +297,7 @@ def run_program(mesh_shape, layout, mode, build, fetch_variables=True):
     (dict of NumPy values, the mtf Graph).
   """
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+  impl = make_impl(mode, mesh_shape, layout)
   graphs = []
 
   def build_and_lower():
@@ -266,4 +317,4 @@ def run_program(mesh_shape, layout, mode, build, fetch_variables=True):
     return lowering, {k: lowering.export_to_tf_tensor(v)
                       for k, v in outputs.items()}
 
-  return run_in_mode(mode, build_and_lower), graphs[-1]
+  return run_in_mode(mode, build_and_lower, impl), graphs[-1]

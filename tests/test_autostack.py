@@ -97,7 +97,7 @@ def test_no_stacking_on_one_processor_or_when_disabled():
                    for v in lowering.variables.values())
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("mesh_shape,layout", [
     ("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;hidden:cols")])
 def test_stacked_training_matches_unstacked(mesh_shape, layout, mode):

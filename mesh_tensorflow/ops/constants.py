@@ -206,8 +206,9 @@ class RangeOperation(graph_lib.Operation):
                                      tf.float64) else tf.float32
 
     def fn(coordinate):
-      start = coordinate * block
-      values = tf.range(start, start + block, dtype=range_dtype)
+      # The offset may be a tensor (SIMD); the block size stays static.
+      start = tf.cast(coordinate * block, range_dtype)
+      values = tf.range(block, dtype=range_dtype) + start
       return values if range_dtype == dtype else tf.cast(values, dtype)
 
     coordinates = (impl.laid_out_pcoord(mesh_axis) if mesh_axis is not None

@@ -187,6 +187,8 @@ def test_lazy_allreduce_combines(mode):
   x, w1, w2 = _array("ab", 0), _array("bc", 1), _array("bc", 2)
   lowerings = []
 
+  impl = mtf_testing.make_impl(mode, "all:8", "b:all")
+
   def build_and_lower():
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
     imported = [mtf.import_tf_tensor(mesh, tf.constant(v), _dims(names))
@@ -195,12 +197,11 @@ def test_lazy_allreduce_combines(mode):
     y1 = mtf.einsum([tx, tw1], reduced_dims=_dims("b"))
     y2 = mtf.einsum([tx, tw2], reduced_dims=_dims("b"))
     z = y1 + y2
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "b:all")
     lowering = mtf.Lowering(mesh.graph, {mesh: impl})
     lowerings.append(lowering)
     return lowering, lowering.export_to_tf_tensor(z)
 
-  z = mtf_testing.run_in_mode(mode, build_and_lower)
+  z = mtf_testing.run_in_mode(mode, build_and_lower, impl)
   np.testing.assert_allclose(z, x @ w1 + x @ w2, rtol=1e-5, atol=1e-5)
   counters = dict(lowerings[-1].counters)
   allreduces = {k: v for k, v in counters.items()

@@ -119,7 +119,7 @@ def test_serialize_training_step_sums_microbatch_gradients(
   def run(num_splits):
     # Variables belong to the mesh implementation: one per run, made outside
     # the tf.function (which traces twice when it creates variables).
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+    impl = mtf_testing.make_impl(mode, mesh_shape, layout)
 
     def build_and_lower():
       graph = mtf.Graph()
@@ -143,7 +143,7 @@ def test_serialize_training_step_sums_microbatch_gradients(
       return lowering, [lowering.export_to_tf_tensor(grad),
                         lowering.export_to_tf_tensor(outputs["loss"]),
                         lowering.export_to_tf_tensor(outputs["h"])]
-    return mtf_testing.run_in_mode(mode, build_and_lower)
+    return mtf_testing.run_in_mode(mode, build_and_lower, impl)
 
   whole = run(1)
   micro = run(2)

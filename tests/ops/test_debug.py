@@ -10,16 +10,17 @@ from tests import mtf_testing
 
 @pytest.mark.parametrize("mode", mtf_testing.MODES)
 def test_print_prints_full_values(mode, capfd):
+  impl = mtf_testing.make_impl(mode, "all:8", "a:all")
+
   def build_and_lower():
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     x = mtf.import_tf_tensor(mesh, np.arange(8, dtype=np.float32), "a:8")
     y = mtf.Print(x * 2.0, [x], "x is", summarize=-1)
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "a:all")
     lowering = mtf.Lowering(graph, {mesh: impl})
     return lowering, lowering.export_to_tf_tensor(y)
 
-  result = mtf_testing.run_in_mode(mode, build_and_lower)
+  result = mtf_testing.run_in_mode(mode, build_and_lower, impl)
   np.testing.assert_array_equal(result, np.arange(8) * 2.0)
   err = capfd.readouterr().err
   assert "x is [0 1 2 3 4 5 6 7]" in err
@@ -28,6 +29,7 @@ def test_print_prints_full_values(mode, capfd):
 @pytest.mark.parametrize("mode", mtf_testing.MODES)
 def test_scalar_summary_returns_tensor_and_is_collected(mode):
   summaries = {}
+  impl = mtf_testing.make_impl(mode, "all:8", "a:all")
 
   def build_and_lower():
     graph = mtf.Graph()
@@ -36,13 +38,12 @@ def test_scalar_summary_returns_tensor_and_is_collected(mode):
     total = mtf.reduce_sum(x)
     same = mtf.scalar_summary("total", total)
     assert isinstance(same, mtf.Tensor)
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "a:all")
     lowering = mtf.Lowering(graph, {mesh: impl})
     summaries.update(lowering.scalar_summaries)
     return lowering, [lowering.export_to_tf_tensor(same),
                       lowering.scalar_summaries["total"]]
 
-  value, summary = mtf_testing.run_in_mode(mode, build_and_lower)
+  value, summary = mtf_testing.run_in_mode(mode, build_and_lower, impl)
   assert float(value) == 32.0 and float(summary) == 32.0
   assert list(summaries) == ["total"]
 

@@ -195,18 +195,19 @@ def test_add_n_of_partial_sums_stays_lazy(mode):
   w = np.random.RandomState(3).uniform(-1, 1, (16, 8)).astype(np.float32)
   lowerings = []
 
+  impl = mtf_testing.make_impl(mode, "all:8", "b:all")
+
   def build_and_lower():
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
     wt = mtf.import_tf_tensor(mesh, tf.constant(w), [b, c])
     terms = [mtf.einsum([mtf.import_tf_tensor(mesh, tf.constant(x), [a, b]),
                          wt], output_shape=[a, c]) for x in xs]
     y = binary.add_n(terms)
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "b:all")
     lowering = mtf.Lowering(mesh.graph, {mesh: impl})
     lowerings.append(lowering)
     return lowering, lowering.export_to_tf_tensor(y)
 
-  y = mtf_testing.run_in_mode(mode, build_and_lower)
+  y = mtf_testing.run_in_mode(mode, build_and_lower, impl)
   np.testing.assert_allclose(y, sum(x @ w for x in xs), rtol=1e-5, atol=1e-5)
   counters = dict(lowerings[-1].counters)
   assert counters.get("comm/allreduce/all/calls") == 1, counters

@@ -28,10 +28,8 @@ def _lower(graph, mesh, impl, outputs):
   return lowering, exported, slices, begins
 
 
-def _program(mesh_shape, layout, begins):
-  """Random tensors, a dropout and its gradient on one mesh and layout."""
-  # Made outside the tf.function: it owns the random step counter variable.
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+def _program(impl, begins):
+  """Random tensors, a dropout and its gradient on `impl`."""
 
   def build_and_lower():
     graph = mtf.Graph()
@@ -63,8 +61,9 @@ _REFERENCE = {}
 def _reference():
   """The one-processor eager result that every layout must reproduce."""
   if not _REFERENCE:
+    impl = mtf_testing.make_impl("eager", "all:1", "")
     _REFERENCE.update(mtf_testing.run_in_mode(
-        "eager", _program("all:1", "", {}))["outputs"])
+        "eager", _program(impl, {}))["outputs"])
   return _REFERENCE
 
 
@@ -73,7 +72,17 @@ def _reference():
 def test_same_full_tensor_under_every_layout_and_mode(mesh_shape, layout,
                                                       mode):
   begins = {}
-  result = mtf_testing.run_in_mode(mode, _program(mesh_shape, layout, begins))
+  # Made outside the tf.function: it owns the random step counter variable.
+  impl = mtf_testing.make_impl(mode, mesh_shape, layout)
+  program = _program(impl, begins)
+  if mode == "simd":
+    per_processor = mtf_testing.run_in_mode(mode, program, impl,
+                                            each_processor=True)
+    result = per_processor[0]
+    result["slices"] = {k: [r["slices"][k][0] for r in per_processor]
+                        for k in result["slices"]}
+  else:
+    result = mtf_testing.run_in_mode(mode, program)
   where = f"[mesh {mesh_shape!r}, layout {layout!r}, mode {mode}]"
   for k, want in _reference().items():
     np.testing.assert_array_equal(result["outputs"][k], want,
@@ -210,7 +219,7 @@ def test_errors_name_the_problem():
 def test_each_execution_draws_new_values_reproducibly(mode):
   """The mesh implementation's step count changes the values every step."""
   def run_twice():
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "a:all")
+    impl = mtf_testing.make_impl(mode, "all:8", "a:all")
 
     def build_and_lower():
       graph = mtf.Graph()
@@ -224,6 +233,9 @@ def test_each_execution_draws_new_values_reproducibly(mode):
               for _ in range(2)]
     if mode == "function":
       fn = tf.function(lambda: build_and_lower()[1])
+      return [np.asarray(fn()) for _ in range(2)]
+    if mode == "simd":
+      fn = tf.function(lambda: impl.run(lambda: build_and_lower()[1]))
       return [np.asarray(fn()) for _ in range(2)]
     with tf.Graph().as_default():
       _, value = build_and_lower()

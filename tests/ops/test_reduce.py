@@ -185,17 +185,18 @@ def test_lazy_sum_of_contraction(mode):
   wv = X[0, :, :]
   lowerings = []
 
+  impl = mtf_testing.make_impl(mode, "all:8", "b:all")
+
   def build_and_lower():
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
     x = mtf.import_tf_tensor(mesh, tf.constant(xv), [a, b])
     w = mtf.import_tf_tensor(mesh, tf.constant(wv), [b, c])
     y = mtf.reduce_mean(mtf.einsum([x, w], output_shape=[a, c]))
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "b:all")
     lowering = mtf.Lowering(mesh.graph, {mesh: impl})
     lowerings.append(lowering)
     return lowering, lowering.export_to_tf_tensor(y)
 
-  y = mtf_testing.run_in_mode(mode, build_and_lower)
+  y = mtf_testing.run_in_mode(mode, build_and_lower, impl)
   np.testing.assert_allclose(y, np.mean(xv @ wv), rtol=1e-5, atol=1e-5)
   counters = dict(lowerings[-1].counters)
   assert counters.get("comm/allreduce/all/calls") == 1, counters

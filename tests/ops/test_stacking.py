@@ -189,15 +189,25 @@ def test_anonymize_replicates_every_slice():
 
 
 def _laid_out(impl, value, shape, dtype=tf.float32):
-  """The slices of `value` for `impl`, cut in NumPy and placed by hand."""
+  """The slices of `value` for `impl`, cut in NumPy and placed by hand.
+
+  On a SimdMeshImpl: the one slice of the processor being traced.
+  """
   slice_shape = impl.slice_shape(shape)
   slices = []
-  for pnum, device in enumerate(impl.devices):
+  for pnum in range(impl.size):
     begin = impl.slice_begin(shape, pnum)
     index = tuple(slice(b, b + n) for b, n in zip(begin, slice_shape))
+    slices.append(value[index])
+  if isinstance(impl, mtf.simd_mesh_impl.SimdMeshImpl):
+    return mtf.LaidOutTensor(
+        [tf.gather(tf.constant(np.stack(slices), dtype=dtype),
+                   impl.pnum_tensor)])
+  placed = []
+  for s, device in zip(slices, impl.devices):
     with tf.device(device):
-      slices.append(tf.constant(value[index], dtype=dtype))
-  return mtf.LaidOutTensor(slices)
+      placed.append(tf.constant(s, dtype=dtype))
+  return mtf.LaidOutTensor(placed)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode",
@@ -208,9 +218,8 @@ def test_import_laid_out_tensor(mesh_shape, layout, mode):
                      mtf.Dimension("c", 3)])
 
   def build(mesh, t):
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
     y = constants.import_laid_out_tensor(
-        mesh, _laid_out(impl, value, shape), shape)
+        mesh, _laid_out(mtf_testing.current_impl(), value, shape), shape)
     # A product with an input checks that gradients flow past the import.
     return {"y": y, "product": y * t["x"]}
 

@@ -51,6 +51,9 @@ def _run(mode, impl, build):
     results = tensors_only(build_and_lower())
   elif mode == "function":
     results = tf.function(lambda: tensors_only(build_and_lower()))()
+  elif mode == "simd":
+    results = tf.function(
+        lambda: impl.run(lambda: tensors_only(build_and_lower())))()
   else:
     with tf.Graph().as_default():
       phases = build_and_lower()
@@ -63,8 +66,8 @@ def _run(mode, impl, build):
   return tf.nest.map_structure(np.asarray, results), lowerings[-1]
 
 
-def _impl(mesh_shape, layout):
-  return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+def _impl(mesh_shape, layout, mode="eager"):
+  return mtf_testing.make_impl(mode, mesh_shape, layout)
 
 
 # ------------------------------------------------------------ initializers
@@ -92,7 +95,7 @@ def test_initializers(mesh_shape, layout, mode):
                                 initializer=tf.zeros_initializer()),
     }]
 
-  (got,), _ = _run(mode, _impl(mesh_shape, layout), build)
+  (got,), _ = _run(mode, _impl(mesh_shape, layout, mode), build)
   np.testing.assert_array_equal(got["value"], W)
   np.testing.assert_array_equal(got["scalar"], np.full([8, 16], 0.5))
   np.testing.assert_array_equal(got["zeros"], np.zeros([8, 16]))
@@ -127,7 +130,7 @@ def test_variable_scope_naming_and_reuse(mode):
     created.update(w=w, inner=inner, again=again, graph=mesh.graph)
     return [{"w": again, "inner": inner}]
 
-  (got,), lowering = _run(mode, _impl("all:8", "a:all"), build)
+  (got,), lowering = _run(mode, _impl("all:8", "a:all", mode), build)
   graph = created["graph"]
   assert created["again"] is created["w"]
   assert sorted(graph.name_to_variable) == ["outer/inner/w", "outer/w"]
@@ -155,7 +158,7 @@ def test_slice_variable_names(mode):
     with tf.name_scope("unrelated"):
       return build(mesh)
 
-  _, lowering = _run(mode, _impl("all:8", "a:all"), build_in_scope)
+  _, lowering = _run(mode, _impl("all:8", "a:all", mode), build_in_scope)
   (laid_out,) = lowering.variables.values()
   assert [v.name for v in laid_out.slice_variables] == [
       f"outer/w_slice_{p}:0" for p in range(8)]
@@ -202,7 +205,7 @@ def test_assign_then_read(mesh_shape, layout, mode):
             {"assign_sub": mtf.assign_sub(mtf.identity(w), c2)},
             {"subtracted": mtf.read_variable(w)}]
 
-  got, _ = _run(mode, _impl(mesh_shape, layout), build)
+  got, _ = _run(mode, _impl(mesh_shape, layout, mode), build)
   values = {k: v for phase in got for k, v in phase.items()}
   np.testing.assert_allclose(values["initial"], W)
   np.testing.assert_allclose(values["doubled"], 2 * W)
@@ -250,7 +253,7 @@ def test_variable_dtypes(mesh_shape, layout, mode):
             {"act2": mtf.cast(mtf.read_variable(act), tf.float32),
              "slc2": mtf.read_variable(slc)}]
 
-  got, lowering = _run(mode, _impl(mesh_shape, layout), build)
+  got, lowering = _run(mode, _impl(mesh_shape, layout, mode), build)
   values = {k: v for phase in got for k, v in phase.items()}
   w16 = W.astype(bf16).astype(np.float32)
   np.testing.assert_array_equal(values["act"], w16)
@@ -328,8 +331,11 @@ def _train(mode, impl):
 
   if mode == "eager":
     losses = [lower_step()[1].numpy() for _ in range(STEPS)]
-  elif mode == "function":
-    step = tf.function(lambda: lower_step()[1])
+  elif mode in ("function", "simd"):
+    if mode == "simd":
+      step = tf.function(lambda: impl.run(lambda: lower_step()[1]))
+    else:
+      step = tf.function(lambda: lower_step()[1])
     losses = [step().numpy()]
     # TF traces a function that creates variables twice on its first call
     # (the second trace finds them in the store); later calls never retrace.
@@ -355,7 +361,7 @@ def _train(mode, impl):
             for mode in mtf_testing.MODES])
 def test_training_is_layout_independent(mesh_shape, layout, mode):
   """Layout changes speed, never the answer: the losses match NumPy."""
-  impl = _impl(mesh_shape, layout)
+  impl = _impl(mesh_shape, layout, mode)
   losses = _train(mode, impl)
   want = _numpy_training_losses()
   assert want[-1] < 0.8 * want[0]  # It learns.
