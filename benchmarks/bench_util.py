@@ -96,3 +96,50 @@ def emit(record):
 
 def rounded(x, digits=3):
   return None if x is None else round(float(x), digits)
+
+
+def run_json_child(cmd, timeout=None):
+  """Runs `cmd` (a list) with stderr passed through; returns its JSON lines.
+
+  Returns (records, error): the dicts the child printed to stdout, one a
+  line, and None, or a short error string if it failed or timed out.
+  """
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None,
+                          text=True, timeout=timeout, check=False)
+  except subprocess.TimeoutExpired as e:
+    out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout
+    return _json_lines(out or ""), f"timed out after {timeout}s"
+  error = None if done.returncode == 0 else f"exit code {done.returncode}"
+  return _json_lines(done.stdout), error
+
+
+def _json_lines(text):
+  records = []
+  for line in text.splitlines():
+    line = line.strip()
+    if line.startswith("{"):
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        pass
+  return records
+
+
+def profiled_call(fn, path=None, top=25, sort="cumulative"):
+  """Runs fn() under cProfile; logs the top entries; returns fn()'s value.
+
+  Saves the raw stats to `path` (for pstats / snakeviz) when given.
+  """
+  import cProfile  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import pstats  # pylint: disable=g-import-not-at-top
+  profile = cProfile.Profile()
+  result = profile.runcall(fn)
+  if path:
+    profile.dump_stats(path)
+  text = io.StringIO()
+  pstats.Stats(profile, stream=text).sort_stats(sort).print_stats(top)
+  log(text.getvalue())
+  return result

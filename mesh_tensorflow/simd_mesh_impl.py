@@ -15,10 +15,16 @@ calls it once per device; what processor 0 returns is the result. In eager
 mode the calls are dispatched from a tf.function, since every processor
 must be running for a collective to complete.
 
-Collective back ends (see simd_collectives): "host" (TF's collective ops,
-CPU/GPU; runs here).
+Collective back ends: "host" (simd_collectives: TF's collective ops,
+CPU/GPU) and "tpu" (tpu_collectives: XLA TPU collectives, group assignments
+in physical replica ids through `logical_to_physical`). With a
+`tf.distribute.TPUStrategy` (`strategy=`), `run` is `strategy.run` of the
+program, whose processor number comes from the replica id; without one,
+`run` calls the program once per local device. `make_simd_mesh_impl` picks
+the back end from the strategy, so the same user code runs on both.
 """
 
+import contextlib
 import functools
 
 import numpy as np
@@ -32,6 +38,8 @@ from mesh_tensorflow import placement_variables
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import simd_collectives
 from mesh_tensorflow import stateless_random
+from mesh_tensorflow import tpu_collectives
+from mesh_tensorflow import tpu_variables
 from mesh_tensorflow import variable_store as variable_store_lib
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
@@ -44,53 +52,85 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   Args:
     shape: the mesh shape, e.g. "b:2;m:4".
     layout: layout rules, e.g. "batch:b;hidden:m".
-    devices: one device per processor (default: distinct local devices,
-      as for PlacementMeshImpl).
-    device_assignment: TPU device assignment (TPU back end only).
-    logical_to_physical: permutation of processor numbers (TPU only; the
-      host back end uses the identity).
-    allreduce_in_bfloat16_max_group_size: accepted for compatibility (TPU).
-    collectives: "host".
-    collective_timeout_seconds: raise if a collective's group does not
-      assemble in this time (default: wait forever).
+    devices: one device per physical processor, in physical (replica)
+      order (default: the strategy's TPU cores, else the devices of
+      `device_assignment`, else distinct local devices as for
+      PlacementMeshImpl). Logical processor p runs on
+      devices[logical_to_physical[p]].
+    device_assignment: a tf.tpu.experimental.DeviceAssignment (TPU).
+    logical_to_physical: a permutation of processor numbers (default:
+      identity).
+    allreduce_in_bfloat16_max_group_size: TPU: bfloat16 sums over larger
+      groups are done in float32.
+    collectives: "host" or "tpu".
+    collective_timeout_seconds: host back end: raise if a collective's
+      group does not assemble in this time (default: wait forever).
+    strategy: a tf.distribute.TPUStrategy with one replica per processor;
+      `run` then runs the program through it (collectives "tpu" only).
   """
 
   def __init__(self, shape, layout, devices=None, device_assignment=None,
                logical_to_physical=None,
                allreduce_in_bfloat16_max_group_size=8, collectives="host",
-               collective_timeout_seconds=None):
+               collective_timeout_seconds=None, strategy=None):
     super().__init__(shape, layout)
-    if collectives != "host":
+    if collectives not in ("host", "tpu"):
+      raise ValueError(f"SimdMeshImpl collectives={collectives!r}: expected "
+                       "'host' (TF collective ops on CPU/GPU) or 'tpu'.")
+    if strategy is not None and collectives != "tpu":
+      raise ValueError("SimdMeshImpl: a strategy runs TPU programs; use "
+                       "collectives='tpu' with it.")
+    if logical_to_physical is None:
+      logical_to_physical = list(range(self.size))
+    logical_to_physical = [int(p) for p in logical_to_physical]
+    if sorted(logical_to_physical) != list(range(self.size)):
       raise ValueError(
-          f"SimdMeshImpl collectives={collectives!r}: only the 'host' back "
-          "end (TF collective ops on CPU/GPU) is available.")
-    if logical_to_physical is not None and list(logical_to_physical) != list(
-        range(self.size)):
-      raise ValueError("The host back end maps processors to devices in "
-                       "order; give the device order with `devices` instead "
-                       "of logical_to_physical.")
-    del device_assignment, allreduce_in_bfloat16_max_group_size
+          f"SimdMeshImpl logical_to_physical={logical_to_physical} is not a "
+          f"permutation of range({self.size}) for mesh {self.shape.to_string}.")
+    self._logical_to_physical = logical_to_physical
     if devices is None:
-      devices = placement_mesh_impl.default_devices(self.size)
+      devices = _default_devices(self.size, strategy, device_assignment)
     devices = list(devices)
     if len(devices) != self.size:
       raise errors.LayoutError(
           f"SimdMeshImpl for mesh {self.shape.to_string} needs {self.size} "
           f"devices (one per processor), got {len(devices)}: {devices}.")
-    self._devices = devices
+    self._physical_devices = devices
+    self._devices = [devices[p] for p in logical_to_physical]
+    self._strategy = strategy
     self._variable_store = variable_store_lib.VariableStore(
         checkpoint_root=self)
     self._pnum = None
     self._tokens = None
     self._per_device_captures = {}
+    self._replicated = {}  # id(slice list) -> ReplicatedVariable (TPU)
     self._last_program = None  # (fn, signature, concrete, eager dispatcher)
-    self._collectives = simd_collectives.HostCollectives(
-        devices, self._current_pnum, self._current_token,
-        timeout_seconds=collective_timeout_seconds)
-    self._token_variables()
+    if collectives == "host":
+      self._collectives = simd_collectives.HostCollectives(
+          self._devices, self._current_pnum, self._current_token,
+          timeout_seconds=collective_timeout_seconds)
+      self._token_variables()
+    else:
+      self._collectives = tpu_collectives.TpuCollectives(
+          logical_to_physical, self._current_pnum,
+          allreduce_in_bfloat16_max_group_size)
+
+  @property
+  def logical_to_physical(self):
+    return list(self._logical_to_physical)
+
+  @property
+  def supports_control_dependencies(self):
+    # XLA ignores control dependencies.
+    return self._collectives.name != "tpu"
+
+  @property
+  def strategy(self):
+    return self._strategy
 
   @property
   def devices(self):
+    """The device of each logical processor."""
     return list(self._devices)
 
   @property
@@ -151,10 +191,17 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def run_each(self, fn, *args):
     """Like `run`, returning the list of every processor's result."""
     args = [tf.convert_to_tensor(a) for a in args]
+    if self._strategy is not None:
+      return self._run_with_strategy(fn, args)
+    if isinstance(getattr(self._collectives, "primitives", None),
+                  tpu_collectives.TpuPrimitives):
+      raise errors.LayoutError(
+          "SimdMeshImpl with TPU collectives runs under a TPUStrategy: "
+          "pass strategy= (see make_simd_mesh_impl).")
     signature = tuple(tf.TensorSpec(a.shape, a.dtype) for a in args)
     cached = self._last_program
     if cached is None or cached[0] is not fn or cached[1] != signature:
-      concrete = self._trace_program(fn, signature)
+      concrete = self.trace_program(fn, *signature)
       dispatcher = tf.function(
           functools.partial(self._dispatch, concrete), autograph=False)
       cached = self._last_program = (fn, signature, concrete, dispatcher)
@@ -163,19 +210,66 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       return dispatcher(*args)
     return self._dispatch(concrete, *args)
 
-  def _trace_program(self, fn, signature):
-    """The concrete function of fn's program, taking (pnum, *args)."""
+  def trace_program(self, fn, *signature):
+    """The concrete function of fn's program, taking (pnum, *args).
+
+    `signature` holds tf.TensorSpecs of fn's arguments. Useful to look at
+    the program of one processor (e.g. the TPU collectives it calls).
+    """
 
     def program(pnum, *program_args):
-      previous = self._pnum
-      self._pnum = pnum
-      try:
+      with self._processor(pnum):
         return fn(*program_args)
-      finally:
-        self._pnum = previous
 
     return tf.function(program, autograph=False).get_concrete_function(
         tf.TensorSpec([], tf.int32), *signature)
+
+  @contextlib.contextmanager
+  def _processor(self, pnum):
+    previous = self._pnum
+    self._pnum = pnum
+    try:
+      yield
+    finally:
+      self._pnum = previous
+
+  def _run_with_strategy(self, fn, args):
+    """strategy.run of the program; each replica finds its processor
+    number from its (physical) replica id."""
+    physical_to_logical = [0] * self.size
+    for logical, physical in enumerate(self._logical_to_physical):
+      physical_to_logical[physical] = logical
+
+    def replica_fn(*replica_args):
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      pnum = tf.gather(tf.constant(physical_to_logical, tf.int32),
+                       tf.cast(replica, tf.int32))
+      with self._processor(pnum):
+        return fn(*replica_args)
+
+    results = self._strategy.run(replica_fn, args=tuple(args))
+    local = list(self._strategy.experimental_local_results(results))
+    if len(local) != self.size:  # Several hosts: this host's replicas.
+      return local
+    return [local[physical] for physical in self._logical_to_physical]
+
+  def program_variable(self, name, slices):
+    """The variable the program reads and assigns for per-processor
+    `slices` (in logical processor order): slice 0, substituted per device
+    by `run` (host), or a ReplicatedVariable over the cores (TPU)."""
+    if self._collectives.name != "tpu":
+      return slices[0]
+    key = id(slices[0])
+    if key not in self._replicated:
+      replicated = tpu_variables.ReplicatedVariable(
+          name, [slices[self._logical_to_physical.index(physical)]
+                 for physical in range(self.size)])
+      # Outside a TPU replicate context it stands for its first variable
+      # (physical processor 0's); calls per device substitute their own.
+      self._per_device_captures[id(replicated.variables[0].handle)] = [
+          v.handle for v in slices]
+      self._replicated[key] = replicated
+    return self._replicated[key]
 
   def _dispatch(self, concrete, *args):
     """Calls `concrete` once per device, each with its own variables."""
@@ -332,12 +426,44 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         store.track(RANDOM_STEP, checkpointing.SlicedVariableNode(
             self, shape_lib.Shape([]), tf.int64, entry, self._devices))
         self._register_per_device([v.handle for v in slices])
-    after = entry.slices[0].assign_add(1, read_value=True)
+    counter = self.program_variable(RANDOM_STEP, entry.slices)
+    after = counter.assign_add(tf.constant(1, tf.int64), read_value=True)
     return tf.convert_to_tensor(after) - 1
 
   def make_laid_out_variable(self, variable, stack_group=None):
     del stack_group
     return SimdLaidOutVariable(variable, self)
+
+
+def _default_devices(size, strategy, device_assignment):
+  """Physical processors' devices: TPU cores in replica order, or local
+  devices."""
+  if strategy is not None:
+    devices = list(strategy.extended.worker_devices)
+  elif device_assignment is not None:
+    devices = [device_assignment.tpu_device(replica=r)
+               for r in range(device_assignment.num_replicas)]
+  else:
+    return placement_mesh_impl.default_devices(size)
+  if len(devices) != size:
+    raise errors.LayoutError(
+        f"SimdMeshImpl: the mesh has {size} processors but the TPU "
+        f"replicas are {len(devices)}: use one replica per core "
+        "(num_cores_per_replica=1).")
+  return devices
+
+
+def make_simd_mesh_impl(shape, layout, strategy=None, **kwargs):
+  """A SimdMeshImpl for where the program will run.
+
+  With a tf.distribute.TPUStrategy: TPU collectives on its cores, run by
+  `strategy.run`. Without: the host back end on the local devices (GPUs,
+  else logical CPUs). Either way, run a step with `mesh_impl.run(fn, ...)`.
+  """
+  if strategy is not None:
+    return SimdMeshImpl(shape, layout, collectives="tpu", strategy=strategy,
+                        **kwargs)
+  return SimdMeshImpl(shape, layout, collectives="host", **kwargs)
 
 
 def _move_axis_to_front(t, axis):
@@ -396,15 +522,19 @@ class SimdLaidOutVariable:
   def laid_out_tensor(self):
     return self.read()
 
+  def _program_variable(self):
+    return self._mesh_impl.program_variable(self._variable.name,
+                                            self._entry.slices)
+
   def read(self, share_stack_read=False):
     del share_stack_read
-    value = self._entry.slices[0].value()
+    value = tf.convert_to_tensor(self._program_variable().read_value())
     dtype = self._variable.activation_dtype
     return LaidOutTensor([value if value.dtype == dtype else
                           tf.cast(value, dtype)])
 
   def assign_to_slices(self, assign_fn, values):
-    op = assign_fn(self._entry.slices[0], values[0])
+    op = assign_fn(self._program_variable(), values[0])
     return None if tf.executing_eagerly() else op
 
   def copy_master_to_slices(self):

@@ -1,0 +1,216 @@
+"""SimdMeshImpl with the TPU back end, without a TPU.
+
+Two checks: (1) the lowered program of one processor, traced as a graph,
+calls the XLA TPU collectives with group assignments and permutation pairs
+in physical replica ids; (2) the same program, with the TPU primitives
+simulated by host collectives on 8 logical CPUs (each processor on the
+device of its physical id), gives PlacementMeshImpl's answers.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow import processors
+from mesh_tensorflow import simd_collectives
+from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow import tpu_topology
+from tests import test_simd_mesh_impl as host_tests
+
+BATCH, IO, HIDDEN = host_tests.BATCH, host_tests.IO, host_tests.HIDDEN
+REVERSED = list(range(8))[::-1]
+RING = tpu_topology.auto_logical_to_physical_tpu([2, 4], [2, 2, 2])
+CASES = [
+    ("all:8", "batch:all", None),
+    ("all:8", "hidden:all", REVERSED),
+    ("b:2;m:4", "batch:b;hidden:m", RING),
+    ("b:2;m:4", "hidden:b;batch:m", REVERSED),
+]
+CASE_IDS = ["data", "model-reversed", "2d-ring", "2d_swapped-reversed"]
+TPU_DTYPES = (tf.float32, tf.bfloat16, tf.int32)
+
+
+def _cpu_devices():
+  return [d.name for d in tf.config.list_logical_devices("CPU")][:8]
+
+
+def _tpu_impl(mesh_shape, layout, logical_to_physical):
+  size = mtf.convert_to_shape(mesh_shape).size
+  return simd_mesh_impl.SimdMeshImpl(
+      mesh_shape, layout, devices=_cpu_devices()[:size], collectives="tpu",
+      logical_to_physical=logical_to_physical)
+
+
+def _program(impl):
+  def program(x, ints):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    outputs, update = host_tests._ops_program(mesh, x, ints)  # pylint: disable=protected-access
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    lowering.lowered_operation(update)
+    return {k: lowering.export_to_tf_tensor(v) for k, v in outputs.items()}
+  return program
+
+
+def _const_input(op, index):
+  return tf.make_ndarray(op.inputs[index].op.get_attr("value")).tolist()
+
+
+def _physical(groups, logical_to_physical):
+  return [[logical_to_physical[p] for p in g] for g in groups]
+
+
+# ------------------------------------------------- graph construction
+
+
+@pytest.mark.parametrize("mesh_shape,layout,l2p", CASES, ids=CASE_IDS)
+def test_program_calls_tpu_collectives_in_physical_ids(mesh_shape, layout,
+                                                       l2p):
+  impl = _tpu_impl(mesh_shape, layout, l2p)
+  l2p = impl.logical_to_physical
+  concrete = impl.trace_program(
+      _program(impl), tf.TensorSpec(host_tests.X.shape, tf.float32),
+      tf.TensorSpec(host_tests.INTS.shape, tf.int32))
+  ops = concrete.graph.get_operations()
+  types = {op.type for op in ops}
+  assert "CrossReplicaSum" in types and "CollectivePermute" in types
+  # No host collectives, no ordering tokens.
+  assert not any(t.startswith("Collective") and t != "CollectivePermute"
+                 for t in types), types
+  mesh = impl.shape
+  valid_groups = [_physical(impl.processor_groups(axes), l2p)
+                  for axes in ([0], [1], [0, 1]) if max(axes) < mesh.ndims]
+  for op in ops:
+    if op.type == "CrossReplicaSum":
+      groups = _const_input(op, 1)
+      assert groups in valid_groups, (groups, valid_groups)
+      assert op.inputs[0].dtype in TPU_DTYPES
+    if op.type == "CollectivePermute":
+      pairs = _const_input(op, 1)
+      physical_groups = [set(g) for g in valid_groups[0]] + [
+          set(g) for g in valid_groups[-1]]
+      for source, target in pairs:
+        assert any({source, target} <= g for g in physical_groups)
+      # The pairs are a shift: a permutation between sources and targets.
+      assert len({s for s, _ in pairs}) == len(pairs)
+      assert len({t for _, t in pairs}) == len(pairs)
+  # The int sum over the batch stays int32 (exact), never float.
+  int_sums = [op for op in ops if op.type == "CrossReplicaSum"
+              and op.inputs[0].dtype == tf.int32]
+  assert int_sums
+
+
+def test_shift_pairs_are_the_neighbours_in_physical_ids():
+  impl = _tpu_impl("all:8", "hidden:all", REVERSED)
+
+  def program(x):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    h = mtf.import_tf_tensor(mesh, x, [BATCH, HIDDEN])
+    shifted = mtf.shift(h, 2, HIDDEN, wrap=True)  # Blocks of 2: one hop.
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return lowering.laid_out_tensor(shifted).one_slice
+
+  concrete = impl.trace_program(program, tf.TensorSpec([8, 16], tf.float32))
+  (permute,) = [op for op in concrete.graph.get_operations()
+                if op.type == "CollectivePermute"]
+  pairs = sorted(map(tuple, _const_input(permute, 1)))
+  # Logical p sends to p + 1 (mod 8); physical id of logical p is 7 - p.
+  assert pairs == sorted((7 - p, 7 - (p + 1) % 8) for p in range(8))
+
+
+def test_alltoall_keeps_float32():
+  impl = _tpu_impl("b:2;m:4", "", RING)
+
+  def program(x):
+    laid_out = mtf.mesh_impl.LaidOutTensor([x])
+    return impl.alltoall(laid_out, 1, split_axis=1, concat_axis=0).one_slice
+
+  concrete = impl.trace_program(program, tf.TensorSpec([8, 8], tf.float32))
+  ops = concrete.graph.get_operations()
+  (all_to_all,) = [op for op in ops if op.type == "AllToAll"]
+  assert all_to_all.inputs[0].dtype == tf.float32
+  assert all_to_all.get_attr("split_count") == 4
+  assert _const_input(all_to_all, 1) == _physical(
+      processors.processor_groups(impl.shape, [1]), RING)
+  assert not any(op.type == "Cast" for op in ops)
+
+
+def test_tpu_impl_has_no_control_dependencies_and_needs_a_strategy():
+  impl = _tpu_impl("all:2", "batch:all", None)
+  assert not impl.supports_control_dependencies
+  assert simd_mesh_impl.SimdMeshImpl("all:2", "").supports_control_dependencies
+  with pytest.raises(mtf.LayoutError, match="TPUStrategy"):
+    impl.run(lambda: tf.constant(0))
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(logical_to_physical=[0, 0]), ValueError, "not a permutation"),
+    (dict(collectives="nccl"), ValueError, "collectives='nccl'"),
+    (dict(strategy=object()), ValueError, "collectives='tpu'"),
+])
+def test_constructor_errors(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    simd_mesh_impl.SimdMeshImpl("all:2", "", **kwargs)
+
+
+def test_make_simd_mesh_impl_without_strategy_is_host():
+  impl = simd_mesh_impl.make_simd_mesh_impl("all:2", "batch:all")
+  assert impl.collectives.name == "host" and impl.strategy is None
+
+
+# ----------------------------------------------- simulated TPU, on CPUs
+
+
+class HostSimulatedTpuPrimitives:
+  """The XLA TPU collectives, done by host collectives among the devices
+  of physical ids; refuses the dtypes a TPU op would refuse."""
+
+  def __init__(self, impl):
+    l2p = tf.constant(impl.logical_to_physical, tf.int32)
+    physical_devices = [None] * impl.size
+    for logical, physical in enumerate(impl.logical_to_physical):
+      physical_devices[physical] = impl.devices[logical]
+    self._size = impl.size
+    self._host = simd_collectives.HostCollectives(
+        physical_devices, lambda: tf.gather(l2p, impl.pnum_tensor),
+        impl._current_token, timeout_seconds=30)  # pylint: disable=protected-access
+
+  def _check(self, x, what):
+    assert x.dtype in TPU_DTYPES, f"{what} got {x.dtype.name}"
+
+  def cross_replica_sum(self, x, group_assignment):
+    self._check(x, "cross_replica_sum")
+    return self._host.all_reduce(x, group_assignment, "SUM")
+
+  def all_to_all(self, x, concat_dimension, split_dimension, split_count,
+                 group_assignment):
+    self._check(x, "all_to_all")
+    assert concat_dimension == 0 and split_dimension == 0
+    assert split_count == len(group_assignment[0])
+    return self._host.all_to_all(x, group_assignment)
+
+  def collective_permute(self, x, source_target_pairs):
+    self._check(x, "collective_permute")
+    return self._host.permute(x, source_target_pairs,
+                              [list(range(self._size))])
+
+
+@pytest.mark.parametrize("mesh_shape,layout,l2p", CASES, ids=CASE_IDS)
+def test_simulated_tpu_matches_placement(mesh_shape, layout, l2p):
+  impl = _tpu_impl(mesh_shape, layout, l2p)
+  impl.collectives._primitives = HostSimulatedTpuPrimitives(impl)  # pylint: disable=protected-access
+  simd = host_tests._run(impl, "function")  # pylint: disable=protected-access
+  placement = host_tests._run(  # pylint: disable=protected-access
+      mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
+      "function")
+  for step, (got, want) in enumerate(zip(simd, placement)):
+    for name in want:
+      if want[name].dtype.kind in "biu":
+        np.testing.assert_array_equal(got[name], want[name],
+                                      err_msg=f"{name} step {step}")
+      else:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5,
+                                   atol=1e-6, err_msg=f"{name} step {step}")
+  assert not np.allclose(simd[0]["h"], simd[1]["h"])
