@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/recompute_memory.py
 	$(PY) benchmarks/checkpoint_memory.py
 	$(PY) benchmarks/autostack.py
+	$(PY) benchmarks/lowering_scale.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -29,6 +29,8 @@ import functools
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
@@ -202,13 +204,16 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     cached = self._last_program
     if cached is None or cached[0] is not fn or cached[1] != signature:
       concrete = self.trace_program(fn, *signature)
+      # One function calling the program on every device (so that all of
+      # its collectives are in flight together), kept as a function of its
+      # own when called from the user's tf.function ("_noinline").
       dispatcher = tf.function(
-          functools.partial(self._dispatch, concrete), autograph=False)
+          functools.partial(self._dispatch, concrete), autograph=False,
+          experimental_attributes={"_noinline": True})
       cached = self._last_program = (fn, signature, concrete, dispatcher)
-    _, _, concrete, dispatcher = cached
-    if tf.executing_eagerly():
+    _, _, _, dispatcher = cached
+    with _without_graph_optimizer():
       return dispatcher(*args)
-    return self._dispatch(concrete, *args)
 
   def trace_program(self, fn, *signature):
     """The concrete function of fn's program, taking (pnum, *args).
@@ -433,6 +438,29 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def make_laid_out_variable(self, variable, stack_group=None):
     del stack_group
     return SimdLaidOutVariable(variable, self)
+
+
+@contextlib.contextmanager
+def _without_graph_optimizer():
+  """Function calls made inside run without Grappler.
+
+  The dispatcher inlines one copy of the program per device: Grappler
+  would optimise all of them, one after another, making the first step
+  grow with the number of processors, for no gain in step time (measured
+  by benchmarks/lowering_scale.py). The call op records this config, so it
+  holds when the call sits in the user's tf.function too.
+  """
+  ctx = context.context()
+  previous = ctx.function_call_options
+  config = config_pb2.ConfigProto()
+  config.ParseFromString(previous.config_proto_serialized)
+  config.graph_options.rewrite_options.disable_meta_optimizer = True
+  ctx.function_call_options = context.FunctionCallOptions(
+      executor_type=previous.executor_type, config_proto=config)
+  try:
+    yield
+  finally:
+    ctx.function_call_options = previous
 
 
 def _default_devices(size, strategy, device_assignment):
