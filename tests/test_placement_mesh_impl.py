@@ -73,7 +73,7 @@ ALLREDUCE_CASES = [
 NP_REDUCE = {"SUM": np.sum, "MAX": np.max, "MIN": np.min}
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("reduction", sorted(NP_REDUCE))
 @pytest.mark.parametrize("mesh_shape,mesh_axes", ALLREDUCE_CASES)
 def test_allreduce(mesh_shape, mesh_axes, reduction, mode):
@@ -105,7 +105,7 @@ def test_allreduce_bool_and_unknown_reduction():
 AXES = [("all:8", 0), ("rows:2;cols:4", 0), ("rows:2;cols:4", 1)]
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("concat_axis", [0, 1])
 @pytest.mark.parametrize("mesh_shape,mesh_axis", AXES)
 def test_allconcat(mesh_shape, mesh_axis, concat_axis, mode):
@@ -123,7 +123,7 @@ def test_allconcat(mesh_shape, mesh_axis, concat_axis, mode):
   _check(got, want)
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("split_axis,concat_axis", [(0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("mesh_shape,mesh_axis", AXES)
 def test_alltoall(mesh_shape, mesh_axis, split_axis, concat_axis, mode):
@@ -142,7 +142,7 @@ def test_alltoall(mesh_shape, mesh_axis, split_axis, concat_axis, mode):
   _check(got, want)
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("split_axis", [0, 1])
 @pytest.mark.parametrize("mesh_shape,mesh_axis", AXES)
 def test_allsplit(mesh_shape, mesh_axis, split_axis, mode):
@@ -167,7 +167,7 @@ def _receive_model(impl, values, mesh_axis, source_pcoord):
   return want
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("mesh_shape,mesh_axis", AXES)
 def test_receive(mesh_shape, mesh_axis, mode):
   impl = PlacementMeshImpl(mesh_shape, "")
@@ -180,7 +180,7 @@ def test_receive(mesh_shape, mesh_axis, mode):
   _check(got, _receive_model(impl, values, mesh_axis, source_pcoord))
 
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("offset,wrap", [(1, True), (1, False), (-1, True),
                                          (-1, False), (3, True), (2, False)])
 @pytest.mark.parametrize("mesh_shape,mesh_axis", AXES)
@@ -200,7 +200,7 @@ def test_shift_by_n_processors(mesh_shape, mesh_axis, offset, wrap, mode):
 
 # ------------------------------------------------------- processor numbers
 
-@pytest.mark.parametrize("mode", mtf_testing.MODES)
+@pytest.mark.parametrize("mode", mtf_testing.PLACEMENT_MODES)
 @pytest.mark.parametrize("mesh_shape,mesh_axis,want", [
     ("all:8", 0, list(range(8))),
     ("rows:2;cols:4", 0, [0, 0, 0, 0, 1, 1, 1, 1]),
