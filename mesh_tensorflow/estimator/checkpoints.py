@@ -1,0 +1,111 @@
+"""Checkpoints of an estimator run: the mesh's variables and the global step.
+
+A checkpoint holds the mesh implementation under "model" (every mtf
+variable whole, under its mtf name, so any mesh can read it) and the
+estimator's int64 step under "global_step". TensorFlow writes a checkpoint's
+files into "<prefix>_temp/" and renames them into place, and only then
+rewrites the "checkpoint" state file, itself atomically (temp file,
+rename), listing only the checkpoints kept; old ones are deleted after that.
+(tf.train.CheckpointManager still lists them while it deletes them, so a
+process killed while pruning leaves listed checkpoints without files.) So a
+process killed while saving leaves at worst a temp directory or files of a
+checkpoint the state file does not list: every listed checkpoint is
+complete, and `remove_partial_checkpoints` deletes the leftovers before
+training resumes.
+"""
+
+import glob
+import os
+import re
+
+from absl import logging
+import tensorflow as tf
+
+CHECKPOINT_NAME = "model.ckpt"
+_NUMBERED = re.compile(re.escape(CHECKPOINT_NAME) + r"-(\d+)(_temp)?(\..*)?$")
+
+
+def latest_checkpoint(model_dir):
+  """The newest complete checkpoint in `model_dir`, or None."""
+  if not model_dir or not tf.io.gfile.exists(model_dir):
+    return None
+  return tf.train.latest_checkpoint(model_dir)
+
+
+def listed_checkpoints(model_dir):
+  """Checkpoint prefixes the state file lists (oldest first)."""
+  state = tf.train.get_checkpoint_state(model_dir)
+  if state is None:
+    return []
+  return list(state.all_model_checkpoint_paths)
+
+
+def remove_partial_checkpoints(model_dir):
+  """Deletes temp directories and files of checkpoints the state file does
+  not list (left by a process killed while saving)."""
+  listed = {os.path.basename(p) for p in listed_checkpoints(model_dir)}
+  for path in glob.glob(os.path.join(model_dir, CHECKPOINT_NAME + "-*")):
+    match = _NUMBERED.match(os.path.basename(path))
+    if match is None:
+      continue
+    prefix = f"{CHECKPOINT_NAME}-{match.group(1)}"
+    if match.group(2) or prefix not in listed:
+      logging.warning("Removing partial checkpoint file %s", path)
+      if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+      else:
+        tf.io.gfile.remove(path)
+
+
+class Checkpointer:
+  """Restores and saves (mesh implementation, global step) in model_dir."""
+
+  def __init__(self, model_dir, mesh_impl, global_step, max_to_keep=5):
+    self._checkpoint = tf.train.Checkpoint(model=mesh_impl,
+                                           global_step=global_step)
+    # Created now so that `write` saves it too: a plain
+    # tf.train.Checkpoint(model=...) then restores with every object matched.
+    self._checkpoint.save_counter  # pylint: disable=pointless-statement
+    self._model_dir = model_dir
+    self._max_to_keep = max_to_keep
+    self._cleaned = False
+
+  def restore(self, path=None):
+    """Restores `path` (default: the latest checkpoint); returns the path
+    restored or None. mtf variables are filled as the lowering creates
+    them; the global step at once."""
+    path = path or latest_checkpoint(self._model_dir)
+    if path is None:
+      return None
+    self._checkpoint.restore(path).expect_partial()
+    logging.info("Restored checkpoint %s", path)
+    return path
+
+  def save(self, step):
+    """Writes the checkpoint of `step`, lists it, prunes old ones; returns
+    its path.
+
+    The state file is rewritten (atomically) before any old checkpoint is
+    deleted and lists only the ones kept, so every checkpoint it lists is
+    complete even if the process dies while pruning.
+    """
+    if not self._cleaned:
+      tf.io.gfile.makedirs(self._model_dir)
+      remove_partial_checkpoints(self._model_dir)
+      self._cleaned = True
+    prefix = os.path.join(self._model_dir, f"{CHECKPOINT_NAME}-{step}")
+    path = self._checkpoint.write(prefix)
+    name = os.path.basename(path)
+    # Paths relative to model_dir, so the directory can be moved.
+    kept = [os.path.basename(p) for p in listed_checkpoints(self._model_dir)]
+    kept = [p for p in kept if p != name] + [name]
+    dropped = kept[:-self._max_to_keep] if self._max_to_keep else []
+    kept = kept[len(dropped):]
+    tf.compat.v1.train.update_checkpoint_state(
+        self._model_dir, name, all_model_checkpoint_paths=kept)
+    for old in dropped:
+      old_prefix = os.path.join(self._model_dir, old)
+      for old_file in tf.io.gfile.glob(old_prefix + ".*"):
+        tf.io.gfile.remove(old_file)
+    logging.info("Saved checkpoint for step %d: %s", step, path)
+    return path

@@ -1,0 +1,356 @@
+"""Estimator: train, evaluate, predict and export an mtf model function.
+
+The model function `model_fn(features, labels, mode, params)` builds an mtf
+graph, lowers it onto `params["mesh_impl"]` (the mesh implementation the
+estimator made from its RunConfig) and returns an EstimatorSpec of the
+lowered TF tensors. Every call of train, evaluate or predict makes a fresh
+mesh implementation and restores the latest checkpoint into it, as
+tf.estimator rebuilt its graph, so each call sees what the checkpoints hold.
+
+Training runs `iterations_per_loop` steps per call of one compiled
+tf.function. The step count is the estimator's int64 "global_step",
+checkpointed with the model (it is not mtf's "global_step" variable, which
+only optimizers with schedules advance).
+"""
+
+import inspect
+import tempfile
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from mesh_tensorflow import checkpointing
+from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow.estimator import checkpoints
+from mesh_tensorflow.estimator import estimator_spec
+from mesh_tensorflow.estimator import export
+from mesh_tensorflow.estimator import inputs
+from mesh_tensorflow.estimator import mesh_impls
+from mesh_tensorflow.estimator import run_config as run_config_lib
+from mesh_tensorflow.estimator import step_logger
+from mesh_tensorflow.estimator.mode_keys import ModeKeys
+from mesh_tensorflow.ops import debug
+
+
+class Estimator:
+  """tf.estimator.Estimator for mtf model functions, on TF2.
+
+  Args:
+    model_fn: (features, labels, mode, params[, config]) -> EstimatorSpec.
+    model_dir: checkpoints and summaries (default: config.model_dir, else
+      a new temp directory).
+    config: a RunConfig (mesh shape, layout, mesh implementation,
+      intervals).
+    params: dict passed to model_fn and input_fn, with "mesh_impl",
+      "mesh_shape" and "layout" added for model_fn.
+  """
+
+  def __init__(self, model_fn, model_dir=None, config=None, params=None):
+    config = config or run_config_lib.RunConfig()
+    if model_dir and config.model_dir and model_dir != config.model_dir:
+      raise ValueError(f"model_dir {model_dir!r} differs from "
+                       f"config.model_dir {config.model_dir!r}.")
+    model_dir = model_dir or config.model_dir or tempfile.mkdtemp()
+    self._config = config.replace(model_dir=model_dir)
+    self._model_fn = model_fn
+    self._params = dict(params or {})
+
+  @property
+  def model_dir(self):
+    return self._config.model_dir
+
+  @property
+  def config(self):
+    return self._config
+
+  @property
+  def params(self):
+    return dict(self._params)
+
+  # ------------------------------------------------------------ checkpoints
+
+  def latest_checkpoint(self):
+    """Path of the newest complete checkpoint, or None."""
+    return checkpoints.latest_checkpoint(self.model_dir)
+
+  def get_variable_names(self):
+    """Names of the checkpoint's mtf variables, plus "global_step"."""
+    return sorted(self._checkpoint_values())
+
+  def get_variable_value(self, name):
+    """A variable's value in the latest checkpoint, as a NumPy array.
+
+    "global_step" is the estimator's step; other names are mtf names.
+    """
+    values = self._checkpoint_values()
+    if name not in values:
+      raise ValueError(f"Variable {name!r} is not in checkpoint "
+                       f"{self.latest_checkpoint()}; it has {sorted(values)}.")
+    return values[name]
+
+  def _checkpoint_values(self):
+    path = self._require_checkpoint()
+    reader = tf.train.load_checkpoint(path)
+    values = {}
+    for key in reader.get_variable_to_shape_map():
+      parts = key.split("/.ATTRIBUTES/")
+      if len(parts) != 2 or parts[1] != "VARIABLE_VALUE":
+        continue
+      if parts[0] == "global_step":
+        values["global_step"] = reader.get_tensor(key)
+    for name, value in checkpointing.load_variables(
+        path, prefix="model").items():
+      values.setdefault(name, value)
+    return values
+
+  def _require_checkpoint(self, path=None):
+    path = path or self.latest_checkpoint()
+    if path is None:
+      raise ValueError(f"Could not find a trained model in model_dir "
+                       f"{self.model_dir!r}: train first.")
+    return path
+
+  # ---------------------------------------------------------- model_fn calls
+
+  def _input_params(self, mode):
+    del mode
+    return dict(self._params)
+
+  def _model_params(self, mesh_impl, mode, layout):
+    params = self._input_params(mode)
+    params.update(mesh_impl=mesh_impl, mesh_shape=mesh_impl.shape.to_string,
+                  layout=layout)
+    return params
+
+  def _call_model_fn(self, features, labels, mode, mesh_impl, layout=None):
+    kwargs = {}
+    parameters = inspect.signature(self._model_fn).parameters
+    if "labels" in parameters:
+      kwargs["labels"] = labels
+    if "mode" in parameters:
+      kwargs["mode"] = mode
+    if "params" in parameters:
+      kwargs["params"] = self._model_params(
+          mesh_impl, mode, self._config.layout if layout is None else layout)
+    if "config" in parameters:
+      kwargs["config"] = self._config
+    spec = self._model_fn(features=features, **kwargs)
+    if not isinstance(spec, estimator_spec.EstimatorSpec):
+      raise TypeError(f"model_fn must return an EstimatorSpec, got {spec!r}.")
+    if spec.mode != mode:
+      raise ValueError(f"model_fn returned an EstimatorSpec for mode "
+                       f"{spec.mode!r} when called with mode {mode!r}.")
+    return spec
+
+  def _start(self, mode, checkpoint_path=None, require_checkpoint=False):
+    """(mesh_impl, global_step, checkpointer, restored path) of a call."""
+    if self._config.tf_random_seed is not None:
+      tf.random.set_seed(self._config.tf_random_seed)
+    if require_checkpoint:
+      checkpoint_path = self._require_checkpoint(checkpoint_path)
+    mesh_impl = mesh_impls.make_mesh_impl(self._config)
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                              name="global_step")
+    checkpointer = checkpoints.Checkpointer(
+        self.model_dir, mesh_impl, global_step,
+        max_to_keep=self._config.keep_checkpoint_max)
+    restored = checkpointer.restore(checkpoint_path)
+    logging.info("Estimator %s: mesh %s, layout %r, %s, global step %d",
+                 mode, mesh_impl.shape.to_string, self._config.layout,
+                 type(mesh_impl).__name__, int(global_step.numpy()))
+    return mesh_impl, global_step, checkpointer, restored
+
+  # ------------------------------------------------------------------ train
+
+  def train(self, input_fn, hooks=None, steps=None, max_steps=None,
+            saving_listeners=None):
+    """Trains for `steps` more steps, or up to global step `max_steps`, or
+    until input_fn's data ends; resumes from the latest checkpoint."""
+    del hooks, saving_listeners  # No sessions to hook into.
+    if steps is not None and max_steps is not None:
+      raise ValueError("Give steps or max_steps, not both.")
+    for name, value in (("steps", steps), ("max_steps", max_steps)):
+      if value is not None and value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}.")
+    mesh_impl, global_step, checkpointer, _ = self._start(ModeKeys.TRAIN)
+    start = int(global_step.numpy())
+    last = start + steps if steps is not None else max_steps
+    if last is not None and start >= last:
+      logging.info("Skipping training: global step %d >= max_steps %d.",
+                   start, last)
+      return self
+    writer = tf.summary.create_file_writer(self.model_dir)
+    loop = self._train_loop(mesh_impl, global_step, writer)
+    iterator = iter(inputs.call_input_fn(
+        input_fn, self._input_params(ModeKeys.TRAIN)))
+    logger = step_logger.StepLogger(writer, start,
+                                    self._config.log_step_count_steps,
+                                    self._config.save_summary_steps)
+    every = self._config.save_checkpoints_steps
+    step = saved = start
+    while last is None or step < last:
+      n = self._config.iterations_per_loop
+      if last is not None:
+        n = min(n, last - step)
+      try:
+        loss = float(loop(iterator, n))
+      except tf.errors.OutOfRangeError:
+        step = int(global_step.numpy())
+        break
+      step = int(global_step.numpy())
+      if not np.isfinite(loss):
+        raise FloatingPointError(f"Loss is {loss} at step {step}.")
+      logger.after_loop(step, loss)
+      if every and step // every > saved // every:
+        checkpointer.save(step)
+        saved = step
+    if step != saved or self.latest_checkpoint() is None:
+      checkpointer.save(step)
+    writer.flush()
+    logging.info("Loss for final step: %s.", loss)
+    return self
+
+  def _train_loop(self, mesh_impl, global_step, writer):
+    """tf.function(iterator, n): runs n steps; returns the last loss."""
+
+    def model_program(features, labels):
+      spec = self._call_model_fn(features, labels, ModeKeys.TRAIN, mesh_impl)
+      return tf.cast(spec.loss, tf.float32)
+
+    run = mesh_impls.mesh_runner(mesh_impl, model_program)
+    every = self._config.save_summary_steps
+    is_simd = isinstance(mesh_impl, simd_mesh_impl.SimdMeshImpl)
+
+    @tf.function(autograph=False)
+    def train_step(features, labels):
+      step = global_step.read_value() + 1
+      record = tf.equal(step % every, 0) if every else tf.constant(False)
+      if is_simd:
+        # Summary ops inside the per-processor programs hang their
+        # collectives, so SIMD runs write no mtf.scalar_summary values.
+        loss = run(features, labels)
+      else:
+        with writer.as_default(step=step), tf.summary.record_if(record):
+          loss = run(features, labels)
+      with writer.as_default(step=step), tf.summary.record_if(record):
+        debug.write_scalar("loss", loss)
+      with tf.control_dependencies([loss]):
+        global_step.assign_add(1)
+      return loss
+
+    @tf.function(autograph=False)
+    def loop(iterator, n):
+      loss = None
+      for _ in range(n):
+        features, labels = inputs.split_element(next(iterator))
+        loss = train_step(features, labels)
+      return loss
+
+    return loop
+
+  # --------------------------------------------------------------- evaluate
+
+  def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None,
+               name=None):
+    """Mean loss and metrics over `steps` batches (or all of input_fn's);
+    returns them with "global_step"."""
+    del hooks
+    mesh_impl, global_step, _, _ = self._start(
+        ModeKeys.EVAL, checkpoint_path, require_checkpoint=True)
+
+    def model_program(features, labels):
+      spec = self._call_model_fn(features, labels, ModeKeys.EVAL, mesh_impl)
+      outputs = {"loss": spec.loss}
+      outputs.update(spec.eval_metric_ops)
+      return {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
+
+    run = mesh_impls.mesh_runner(mesh_impl, model_program)
+    eval_step = tf.function(run, autograph=False)
+    dataset = inputs.call_input_fn(
+        input_fn, self._input_params(ModeKeys.EVAL))
+    if steps is not None:
+      dataset = dataset.take(steps)
+    totals, count = {}, 0
+    for element in dataset:
+      outputs = eval_step(*inputs.split_element(element))
+      for key, value in outputs.items():
+        totals[key] = totals.get(key, 0.0) + float(value)
+      count += 1
+    if not count:
+      raise ValueError("evaluate: input_fn gave no batches.")
+    results = {k: v / count for k, v in totals.items()}
+    results["global_step"] = int(global_step.numpy())
+    eval_dir = f"{self.model_dir}/eval" + (f"_{name}" if name else "")
+    writer = tf.summary.create_file_writer(eval_dir)
+    with writer.as_default(step=results["global_step"]):
+      for key, value in results.items():
+        if key != "global_step":
+          debug.write_scalar(key, value)
+    writer.flush()
+    logging.info("Saving dict for global step %d: %s",
+                 results["global_step"], results)
+    return results
+
+  # ---------------------------------------------------------------- predict
+
+  def predict(self, input_fn, predict_keys=None, hooks=None,
+              checkpoint_path=None, yield_single_examples=True):
+    """Yields the predictions of each example (or batch) as NumPy."""
+    del hooks
+    mesh_impl, _, _, _ = self._start(ModeKeys.PREDICT, checkpoint_path,
+                                     require_checkpoint=True)
+
+    def model_program(features):
+      spec = self._call_model_fn(features, None, ModeKeys.PREDICT, mesh_impl)
+      predictions = spec.predictions
+      if predict_keys is not None:
+        predictions = {k: predictions[k] for k in predict_keys}
+      return predictions
+
+    predict_step = tf.function(
+        mesh_impls.mesh_runner(mesh_impl, model_program), autograph=False)
+    dataset = inputs.call_input_fn(
+        input_fn, self._input_params(ModeKeys.PREDICT))
+    for element in dataset:
+      features, _ = inputs.split_element(element)
+      batch = {k: v.numpy() for k, v in predict_step(features).items()}
+      if not yield_single_examples:
+        yield batch
+        continue
+      sizes = {v.shape[0] for v in batch.values()}
+      if len(sizes) != 1:
+        raise ValueError("predict: predictions have different batch sizes "
+                         f"{sizes}; use yield_single_examples=False.")
+      for i in range(sizes.pop()):
+        yield {k: v[i] for k, v in batch.items()}
+
+  # ----------------------------------------------------------------- export
+
+  def export_saved_model(self, export_dir_base, serving_input_receiver_fn,
+                         assets_extra=None, as_text=False,
+                         checkpoint_path=None):
+    """Exports the model in PREDICT mode on one processor (/CPU:0).
+
+    Checkpoints hold variables whole, so whatever mesh trained the model
+    the export serves on a single device. Returns the export directory.
+    """
+    del assets_extra, as_text
+    path = self._require_checkpoint(checkpoint_path)
+    receiver = serving_input_receiver_fn()
+    mesh_impl = mesh_impls.make_serving_mesh_impl()
+    status = tf.train.Checkpoint(model=mesh_impl).restore(path)
+    status.expect_partial()
+
+    def predict_fn(features):
+      return self._call_model_fn(features, None, ModeKeys.PREDICT,
+                                 mesh_impl, layout="").predictions
+
+    with tf.device("/device:CPU:0"):
+      result = export.save_serving_model(
+          export_dir_base, predict_fn, receiver,
+          after_trace=status.assert_existing_objects_matched)
+    logging.info("Exported SavedModel from %s to %s", path, result)
+    return result
+
+  export_savedmodel = export_saved_model

@@ -1,0 +1,81 @@
+"""RunConfig and TPUConfig: where and how often the estimator works."""
+
+import collections
+
+MESH_IMPLS = ("placement", "simd")
+
+
+class TPUConfig(collections.namedtuple(
+    "TPUConfig", ("iterations_per_loop", "num_shards",
+                  "per_host_input_for_training"))):
+  """TPUEstimator's loop settings; only `iterations_per_loop` is used."""
+
+  def __new__(cls, iterations_per_loop=2, num_shards=None,
+              per_host_input_for_training=True):
+    return super().__new__(cls, iterations_per_loop, num_shards,
+                           per_host_input_for_training)
+
+
+class RunConfig:
+  """Checkpoint, summary and logging intervals, and the mesh to run on.
+
+  Args:
+    model_dir: directory of checkpoints and summaries.
+    save_checkpoints_steps: write a checkpoint every this many steps (at the
+      end of the loop that reaches it) and at the end of `train`.
+    keep_checkpoint_max: the newest checkpoints kept; older ones are deleted.
+    log_step_count_steps: log loss and steps/sec every this many steps.
+    iterations_per_loop: steps per call of the compiled training function
+      (a `tpu_config` overrides it).
+    save_summary_steps: write TensorBoard scalars every this many steps.
+    tf_random_seed: passed to tf.random.set_seed before building a program.
+    mesh_shape: e.g. "b:2;m:4" (default "all:1", one processor).
+    layout: layout rules, e.g. "batch:b;hidden:m".
+    mesh_impl: "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl,
+      host collectives).
+    devices: one device string per processor (default: local devices).
+    cluster: a TPU cluster resolver (TPUEstimator with use_tpu=True).
+    tpu_config: a TPUConfig.
+  """
+
+  def __init__(self, model_dir=None, save_checkpoints_steps=100,
+               keep_checkpoint_max=5, log_step_count_steps=100,
+               iterations_per_loop=1, save_summary_steps=100,
+               tf_random_seed=None, mesh_shape="all:1", layout="",
+               mesh_impl="placement", devices=None, cluster=None,
+               tpu_config=None):
+    if mesh_impl not in MESH_IMPLS:
+      raise ValueError(f"RunConfig mesh_impl={mesh_impl!r}: expected one of "
+                       f"{MESH_IMPLS}.")
+    if tpu_config is not None:
+      iterations_per_loop = tpu_config.iterations_per_loop
+    for name, value in (("save_checkpoints_steps", save_checkpoints_steps),
+                        ("keep_checkpoint_max", keep_checkpoint_max),
+                        ("log_step_count_steps", log_step_count_steps),
+                        ("iterations_per_loop", iterations_per_loop),
+                        ("save_summary_steps", save_summary_steps)):
+      if value is not None and int(value) < 1:
+        raise ValueError(f"RunConfig {name}={value!r} must be at least 1.")
+    self.model_dir = model_dir
+    self.save_checkpoints_steps = save_checkpoints_steps
+    self.keep_checkpoint_max = keep_checkpoint_max
+    self.log_step_count_steps = log_step_count_steps
+    self.iterations_per_loop = int(iterations_per_loop)
+    self.save_summary_steps = save_summary_steps
+    self.tf_random_seed = tf_random_seed
+    self.mesh_shape = mesh_shape
+    self.layout = layout
+    self.mesh_impl = mesh_impl
+    self.devices = devices
+    self.cluster = cluster
+    self.tpu_config = tpu_config
+
+  def replace(self, **kwargs):
+    """A copy with some arguments changed."""
+    args = dict(vars(self))
+    args.update(kwargs)
+    return RunConfig(**args)
+
+  def __repr__(self):
+    items = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+    return f"RunConfig({items})"

@@ -1,0 +1,44 @@
+"""Log lines and steps/sec summaries at the end of each training loop."""
+
+import time
+
+from absl import logging
+
+from mesh_tensorflow.ops import debug
+
+
+def _crossed(previous, current, every):
+  """Whether a multiple of `every` lies in (previous, current]."""
+  return bool(every) and current // every > previous // every
+
+
+class StepLogger:
+  """Logs "loss = ..., step = ... (... sec)" and "global_step/sec: ..."
+  every `log_every` steps, and writes steps/sec to TensorBoard every
+  `summary_every` steps."""
+
+  def __init__(self, writer, start_step, log_every, summary_every):
+    self._writer = writer
+    self._log_every = log_every
+    self._summary_every = summary_every
+    self._last_step = start_step
+    self._last_log = (start_step, time.time())
+    self._last_summary = (start_step, time.time())
+
+  def after_loop(self, step, loss):
+    """Called after the loop that brought the global step to `step`."""
+    now = time.time()
+    if _crossed(self._last_step, step, self._log_every):
+      logged_step, logged_time = self._last_log
+      elapsed = max(now - logged_time, 1e-9)
+      logging.info("loss = %g, step = %d (%.3f sec)", loss, step, elapsed)
+      logging.info("global_step/sec: %g", (step - logged_step) / elapsed)
+      self._last_log = (step, now)
+    if self._writer is not None and _crossed(self._last_step, step,
+                                             self._summary_every):
+      summary_step, summary_time = self._last_summary
+      rate = (step - summary_step) / max(now - summary_time, 1e-9)
+      with self._writer.as_default(step=step):
+        debug.write_scalar("global_step/sec", rate)
+      self._last_summary = (step, now)
+    self._last_step = step

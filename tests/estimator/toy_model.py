@@ -1,0 +1,70 @@
+"""A tiny mtf regression model and inputs for the estimator tests."""
+
+import numpy as np
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow import estimator
+
+BATCH, IO, HIDDEN = 8, 4, 8
+RNG = np.random.RandomState(0)
+INPUTS = RNG.randn(BATCH, IO).astype(np.float32)
+TARGETS = np.tanh(INPUTS @ RNG.randn(IO, IO).astype(np.float32))
+
+
+def model_fn(features, labels, mode, params):
+  """Two dense layers with dropout in training, SGD on mean squared error."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  batch = mtf.Dimension("batch", BATCH)
+  io = mtf.Dimension("io", IO)
+  hidden = mtf.Dimension("hidden", HIDDEN)
+  x = mtf.import_tf_tensor(mesh, features["x"], [batch, io])
+  h = mtf.layers.dense(x, hidden, reduced_dims=[io], activation=mtf.relu,
+                       name="hidden")
+  if mode == estimator.ModeKeys.TRAIN:
+    h = mtf.dropout(h, rate=params.get("dropout", 0.1))
+  out = mtf.layers.dense(h, io, reduced_dims=[hidden], name="out")
+  if mode == estimator.ModeKeys.PREDICT:
+    lowering = mtf.Lowering(graph, {mesh: params["mesh_impl"]})
+    return estimator.EstimatorSpec(
+        mode, predictions={"out": lowering.export_to_tf_tensor(out)})
+  y = mtf.import_tf_tensor(mesh, labels, [batch, io])
+  loss = mtf.reduce_mean(mtf.square(out - y))
+  mae = mtf.reduce_mean(mtf.abs(out - y))
+  updates = []
+  if mode == estimator.ModeKeys.TRAIN:
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    optimizer = mtf.optimize.SgdOptimizer(params.get("learning_rate", 0.1))
+    updates = optimizer.apply_grads(grads, variables)
+    mtf.scalar_summary("learning_rate",
+                       mtf.constant(mesh, params.get("learning_rate", 0.1)))
+  lowering = mtf.Lowering(graph, {mesh: params["mesh_impl"]})
+  return estimator.EstimatorSpec(
+      mode, loss=lowering.export_to_tf_tensor(loss),
+      train_op=tf.group([lowering.lowered_operation(u) for u in updates]),
+      eval_metric_ops={"mae": lowering.export_to_tf_tensor(mae)})
+
+
+def input_fn():
+  """The same batch every step (so a resumed run sees the same data)."""
+  return tf.data.Dataset.from_tensors(
+      ({"x": INPUTS}, TARGETS)).repeat()
+
+
+def eval_input_fn():
+  return tf.data.Dataset.from_tensors(({"x": INPUTS}, TARGETS)).repeat(3)
+
+
+def predict_input_fn():
+  return tf.data.Dataset.from_tensors({"x": INPUTS}).repeat(2)
+
+
+def make_estimator(model_dir, mesh_shape="b:2;m:4",
+                   layout="batch:b;hidden:m", **config_kwargs):
+  config = estimator.RunConfig(model_dir=str(model_dir),
+                               mesh_shape=mesh_shape, layout=layout,
+                               **config_kwargs)
+  return estimator.Estimator(model_fn, config=config,
+                             params={"learning_rate": 0.1})
