@@ -10,6 +10,7 @@ setuptools.setup(
     license="Apache 2.0",
     python_requires=">=3.10",
     packages=(["mesh_tensorflow", "mesh_tensorflow.ops",
+               "mesh_tensorflow.estimator",
                "mesh_tensorflow.transformer"]),
     package_dir={
         "mesh_tensorflow": "mesh_tensorflow",
