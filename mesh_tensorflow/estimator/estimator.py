@@ -21,7 +21,6 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow import checkpointing
-from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow.estimator import checkpoints
 from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import export
@@ -215,26 +214,25 @@ class Estimator:
     """tf.function(iterator, n): runs n steps; returns the last loss."""
 
     def model_program(features, labels):
-      spec = self._call_model_fn(features, labels, ModeKeys.TRAIN, mesh_impl)
-      return tf.cast(spec.loss, tf.float32)
+      # Summaries come out of the program and are written by the step: a
+      # SimdMeshImpl program runs once per device and cannot share a writer.
+      with debug.collect_scalar_summaries() as summaries:
+        spec = self._call_model_fn(features, labels, ModeKeys.TRAIN,
+                                   mesh_impl)
+      return tf.cast(spec.loss, tf.float32), summaries
 
     run = mesh_impls.mesh_runner(mesh_impl, model_program)
     every = self._config.save_summary_steps
-    is_simd = isinstance(mesh_impl, simd_mesh_impl.SimdMeshImpl)
 
     @tf.function(autograph=False)
     def train_step(features, labels):
       step = global_step.read_value() + 1
       record = tf.equal(step % every, 0) if every else tf.constant(False)
-      if is_simd:
-        # Summary ops inside the per-processor programs hang their
-        # collectives, so SIMD runs write no mtf.scalar_summary values.
-        loss = run(features, labels)
-      else:
-        with writer.as_default(step=step), tf.summary.record_if(record):
-          loss = run(features, labels)
+      loss, summaries = run(features, labels)
       with writer.as_default(step=step), tf.summary.record_if(record):
         debug.write_scalar("loss", loss)
+        for name, value in summaries.items():
+          debug.write_scalar(name, value)
       with tf.control_dependencies([loss]):
         global_step.assign_add(1)
       return loss

@@ -1,5 +1,7 @@
 """Print and scalar summaries."""
 
+import contextlib
+
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
@@ -41,6 +43,26 @@ def Print(x, data, message, name=None, **kwargs):  # pylint: disable=invalid-nam
   return PrintOperation(x, data, message, name=name, **kwargs).outputs[0]
 
 
+_SUMMARY_COLLECTORS = []
+
+
+@contextlib.contextmanager
+def collect_scalar_summaries():
+  """Within it, lowering a scalar_summary adds name -> tf scalar to the
+  yielded dict instead of writing it.
+
+  For callers that write the summaries elsewhere: e.g. outside a
+  SimdMeshImpl program, whose per-device calls cannot share one summary
+  writer.
+  """
+  collected = {}
+  _SUMMARY_COLLECTORS.append(collected)
+  try:
+    yield collected
+  finally:
+    _SUMMARY_COLLECTORS.pop()
+
+
 class ScalarSummaryOperation(graph_lib.Operation):
   """Identity of a scalar that records it as a summary named `summary_name`.
 
@@ -64,7 +86,10 @@ class ScalarSummaryOperation(graph_lib.Operation):
     x = self._inputs[0]
     value = lowering.export_to_tf_tensor(x)
     lowering.add_scalar_summary(self._summary_name, value)
-    write_scalar(self._summary_name, value)
+    if _SUMMARY_COLLECTORS:
+      _SUMMARY_COLLECTORS[-1][self._summary_name] = value
+    else:
+      write_scalar(self._summary_name, value)
     lowering.set_tensor_lowering(self._outputs[0], lowering.tensors[x])
 
 

@@ -114,12 +114,18 @@ def test_summaries_log_lines_and_checkpoint_pruning(tmp_path, caplog):
 
 
 def test_simd_trains_like_placement(tmp_path):
-  placement = toy_model.make_estimator(tmp_path / "p", iterations_per_loop=2)
+  placement = toy_model.make_estimator(tmp_path / "p", iterations_per_loop=2,
+                                       save_summary_steps=2)
   placement.train(toy_model.input_fn, steps=4)
   simd = toy_model.make_estimator(tmp_path / "s", iterations_per_loop=2,
-                                  mesh_impl="simd")
+                                  save_summary_steps=2, mesh_impl="simd")
   simd.train(toy_model.input_fn, steps=4)
   _assert_same_variables(_variables(placement), _variables(simd))
+  # mtf.scalar_summary values come out of the SIMD program too.
+  for name in ("loss", "learning_rate"):
+    np.testing.assert_allclose(
+        sorted(_event_scalars(str(tmp_path / "s"))[name].items()),
+        sorted(_event_scalars(str(tmp_path / "p"))[name].items()), rtol=1e-5)
   assert simd.evaluate(toy_model.eval_input_fn)["loss"] == pytest.approx(
       placement.evaluate(toy_model.eval_input_fn)["loss"], rel=1e-5)
 
