@@ -75,6 +75,18 @@ def _run(impl, mode, steps=2):
           for _ in range(steps)]
 
 
+def assert_same_results(got_steps, want_steps):
+  """Integers equal, floats to round-off, at every step."""
+  for step, (got, want) in enumerate(zip(got_steps, want_steps)):
+    for name in want:
+      if want[name].dtype.kind in "biu":
+        np.testing.assert_array_equal(got[name], want[name],
+                                      err_msg=f"{name} step {step}")
+      else:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5,
+                                   atol=1e-6, err_msg=f"{name} step {step}")
+
+
 @pytest.mark.parametrize("mode", ["function", "eager"])
 @pytest.mark.parametrize("mesh_shape,layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_simd_matches_placement(mesh_shape, layout, mode):
@@ -83,14 +95,7 @@ def test_simd_matches_placement(mesh_shape, layout, mode):
   placement = _run(
       mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
       "function")
-  for step, (got, want) in enumerate(zip(simd, placement)):
-    for name in want:
-      if want[name].dtype.kind in "biu":
-        np.testing.assert_array_equal(got[name], want[name],
-                                      err_msg=f"{name} step {step}")
-      else:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5,
-                                   atol=1e-6, err_msg=f"{name} step {step}")
+  assert_same_results(simd, placement)
   # The update ran: the second step saw a different w.
   assert not np.allclose(simd[0]["h"], simd[1]["h"])
   np.testing.assert_array_equal(simd[0]["int_sum"], INTS.sum(axis=0))
