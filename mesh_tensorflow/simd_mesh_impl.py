@@ -90,6 +90,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           f"SimdMeshImpl logical_to_physical={logical_to_physical} is not a "
           f"permutation of range({self.size}) for mesh {self.shape.to_string}.")
     self._logical_to_physical = logical_to_physical
+    self._physical_to_logical = [0] * self.size
+    for logical, physical in enumerate(logical_to_physical):
+      self._physical_to_logical[physical] = logical
     if devices is None:
       devices = _default_devices(self.size, strategy, device_assignment)
     devices = list(devices)
@@ -241,13 +244,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def _run_with_strategy(self, fn, args):
     """strategy.run of the program; each replica finds its processor
     number from its (physical) replica id."""
-    physical_to_logical = [0] * self.size
-    for logical, physical in enumerate(self._logical_to_physical):
-      physical_to_logical[physical] = logical
-
     def replica_fn(*replica_args):
       replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-      pnum = tf.gather(tf.constant(physical_to_logical, tf.int32),
+      pnum = tf.gather(tf.constant(self._physical_to_logical, tf.int32),
                        tf.cast(replica, tf.int32))
       with self._processor(pnum):
         return fn(*replica_args)
@@ -267,8 +266,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     key = id(slices[0])
     if key not in self._replicated:
       replicated = tpu_variables.ReplicatedVariable(
-          name, [slices[self._logical_to_physical.index(physical)]
-                 for physical in range(self.size)])
+          name, [slices[logical] for logical in self._physical_to_logical])
       # Outside a TPU replicate context it stands for its first variable
       # (physical processor 0's); calls per device substitute their own.
       self._per_device_captures[id(replicated.variables[0].handle)] = [

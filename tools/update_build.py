@@ -50,6 +50,8 @@ def _target_name(path):
     if parts[-1] in ("__init__", "conftest", "mtf_testing",
                      "bazel_pytest_main"):
       return "mtf_testing"
+    if not parts[-1].startswith("test_"):  # A helper module of some tests.
+      return "tests_" + "_".join(parts[1:])
     return "_".join(parts[1:])
   if parts[0] in ("examples", "benchmarks", "tools"):
     return "_".join(parts)
@@ -58,6 +60,12 @@ def _target_name(path):
   if parts and parts[-1] == "__init__":
     parts = parts[:-1]
   return "_".join(parts) or "mesh_tensorflow"
+
+
+def _is_test_helper(module_name):
+  """Whether a dotted name is a helper module file under tests/."""
+  return (module_name.startswith("tests.") and
+          (ROOT / (module_name.replace(".", "/") + ".py")).exists())
 
 
 def _imports(path, modules):
@@ -71,8 +79,9 @@ def _imports(path, modules):
     if isinstance(node, ast.Import):
       names.update(alias.name for alias in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-      submodules = {f"{node.module}.{a.name}" for a in node.names} & set(
-          modules)
+      submodules = {name for name in (f"{node.module}.{a.name}"
+                                      for a in node.names)
+                    if name in modules or _is_test_helper(name)}
       names.update(submodules if submodules else {node.module})
   return names
 
@@ -136,6 +145,8 @@ def generate():
                           "tests/*/__init__.py")
   test_files = [f for f in _sources("tests/**/*.py")
                 if f.name.startswith("test_")]
+  test_helpers = [f for f in _sources("tests/**/*.py")
+                  if not f.name.startswith("test_") and f not in test_support]
   binaries = _sources("examples/*.py", "benchmarks/*.py", "tools/*.py")
 
   def deps_of(files, own_target):
@@ -147,7 +158,9 @@ def generate():
         elif (f.parent / f"{name}.py").exists() and f.parent != ROOT:
           local.add(":" + _target_name(f.parent / f"{name}.py"))
         elif name.split(".")[0] == "tests":
-          local.add(":mtf_testing")
+          path = ROOT / (name.replace(".", "/") + ".py")
+          local.add(":" + (_target_name(path) if path in test_helpers
+                           else "mtf_testing"))
         elif name.split(".")[0] in THIRD_PARTY:
           external.add(f'requirement("{THIRD_PARTY[name.split(".")[0]]}")')
     local.discard(":" + own_target)
@@ -170,6 +183,8 @@ def generate():
   for name, files in groups:
     rule("py_library", name, files)
   rule("py_library", "mtf_testing", test_support, ["    testonly = True,"])
+  for f in test_helpers:
+    rule("py_library", _target_name(f), [f], ["    testonly = True,"])
   for f in test_files:
     rel = f.relative_to(ROOT)
     rule("py_test", _target_name(f), [f, ROOT / "tests/bazel_pytest_main.py"],
