@@ -321,7 +321,7 @@ def create_eager_slices(variable, mesh_impl):
     slices = []
     for pnum, (device, piece) in enumerate(zip(mesh_impl.devices, pieces)):
       with tf.device(device):
-        slices.append(tf.Variable(
+        slices.append(variable_store_lib.plain_variable(
             tf.cast(piece, variable.slice_dtype),
             name=f"{variable.name}_slice_{pnum}",
             trainable=variable.trainable))
@@ -386,7 +386,7 @@ def _create_stack(variables, mesh_impl):
       for pnum, device in enumerate(mesh_impl.devices):
         with tf.device(device):
           rows = [tf.cast(pieces[pnum], dtype) for pieces in per_variable]
-          slices.append(tf.Variable(
+          slices.append(variable_store_lib.plain_variable(
               tf.stack(rows), name=f"{stack_name}_slice_{pnum}",
               trainable=first.trainable))
     else:

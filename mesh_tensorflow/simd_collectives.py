@@ -66,6 +66,10 @@ class HostCollectives:
     self._pnum_fn = pnum_fn
     self._token_fn = token_fn
 
+  def _instance_key(self):
+    """A new instance key for the next collective of the program."""
+    return _instance_key()
+
   def _group(self, group_assignment):
     base = _group_base_key(self._devices, group_assignment)
     return collective_ops.assign_group_v2(group_assignment, self._pnum_fn(),
@@ -79,7 +83,7 @@ class HostCollectives:
       return tf.cast(as_int, tf.bool)
     group_size, group_key = self._group(group_assignment)
     return collective_ops.all_reduce_v2(
-        x, group_size, group_key, _instance_key(),
+        x, group_size, group_key, self._instance_key(),
         merge_op=_MERGE_OPS[reduction], final_op="Id",
         ordering_token=self._token_fn(), timeout=self._timeout)
 
@@ -90,7 +94,7 @@ class HostCollectives:
                      tf.bool)
     group_size, group_key = self._group(group_assignment)
     return collective_ops.all_gather_v2(
-        x, group_size, group_key, _instance_key(),
+        x, group_size, group_key, self._instance_key(),
         ordering_token=self._token_fn(), timeout=self._timeout)
 
   def all_to_all(self, x, group_assignment):
@@ -101,7 +105,7 @@ class HostCollectives:
                      tf.bool)
     group_size, group_key = self._group(group_assignment)
     return collective_ops.all_to_all_v2(
-        x, group_size, group_key, _instance_key(),
+        x, group_size, group_key, self._instance_key(),
         ordering_token=self._token_fn(), timeout=self._timeout)
 
   def permute(self, x, source_target_pairs, group_assignment):

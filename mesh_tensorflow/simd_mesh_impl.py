@@ -166,8 +166,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         tokens = []
         for pnum, device in enumerate(self._devices):
           with tf.device(device):
-            tokens.append(tf.Variable(0, name=f"ordering_token_{pnum}",
-                                      trainable=False))
+            tokens.append(variable_store_lib.plain_variable(
+                0, name=f"ordering_token_{pnum}", trainable=False))
         self._tokens = tokens
         self._register_per_device([t.handle for t in tokens])
     return self._tokens
@@ -420,9 +420,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         slices = []
         for pnum, device in enumerate(self._devices):
           with tf.device(device):
-            slices.append(tf.Variable(tf.constant(0, tf.int64),
-                                      name=f"{RANDOM_STEP}_slice_{pnum}",
-                                      trainable=False))
+            slices.append(variable_store_lib.plain_variable(
+                tf.constant(0, tf.int64), name=f"{RANDOM_STEP}_slice_{pnum}",
+                trainable=False))
         entry = placement_variables.SliceVariables(None, slices, [],
                                                    tf.int64)
         store.put(RANDOM_STEP, entry)

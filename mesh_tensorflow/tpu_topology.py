@@ -466,6 +466,34 @@ def physical_shape_3d_from_topology_proto_4d(mesh_shape):
   return [y * z, x, cores]
 
 
+def topology_coordinates(mesh_shape):
+  """The TPU topology coordinates `[x, y, z, core]` of each physical
+  processor number, for a topology of shape `[x, y, z, cores]`.
+
+  Entry p is the core that this library (and `auto_logical_to_physical_tpu`)
+  calls physical processor p: row-major over
+  `physical_shape_3d_from_topology_proto_4d(mesh_shape)`. Building a
+  `tf.tpu.experimental.DeviceAssignment` whose replica p runs on entry p
+  makes TPU replica ids and physical processor numbers the same, whatever
+  order TensorFlow would pick by default.
+
+  Args:
+    mesh_shape: a TPU topology's `mesh_shape` (4 positive integers).
+
+  Returns:
+    A list of `[x, y, z, core]` lists, one per core.
+  """
+  rows, x_size, cores = physical_shape_3d_from_topology_proto_4d(mesh_shape)
+  y_size = mesh_shape[1]
+  coordinates = []
+  for row in range(rows):
+    z, y = divmod(row, y_size)
+    for x in range(x_size):
+      for core in range(cores):
+        coordinates.append([x, y, z, core])
+  return coordinates
+
+
 def _divisors(n):
   return [d for d in range(1, n + 1) if n % d == 0]
 

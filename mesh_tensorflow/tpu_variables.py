@@ -5,8 +5,10 @@ slice of an mtf variable, in a TF variable of its own. `ReplicatedVariable`
 wraps those variables as one: inside a TPU replicate context (the step
 function of `TPUStrategy.run`, or `tpu.replicate`) its handle is a
 replicated input (TPUReplicatedInput) of the per-core handles, so the one
-program reads and writes each core's own variable. Outside such a context
-it stands for the first variable.
+program reads and writes each core's own variable. In the replica context
+of another tf.distribute strategy (e.g. MirroredStrategy, which stands in
+for TPUStrategy in tests) it stands for that replica's variable, and
+elsewhere for the first variable.
 """
 
 import tensorflow as tf
@@ -31,6 +33,17 @@ def enclosing_tpu_context():
       context = context.outer_context
     graph = getattr(graph, "outer_graph", None)
   return None
+
+
+def current_replica_index():
+  """The replica id of an enclosing non-default tf.distribute replica
+  context, as an int, or None (cross-replica, no strategy, or not static)."""
+  if (not tf.distribute.has_strategy() or
+      tf.distribute.in_cross_replica_context()):
+    return None
+  replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+  value = tf.get_static_value(replica_id)
+  return None if value is None else int(value)
 
 
 class ReplicatedVariable:
@@ -97,13 +110,18 @@ class ReplicatedVariable:
     """The first (primary) variable."""
     return self._vars[0]
 
+  def _local(self):
+    """The variable this object stands for outside a TPU context."""
+    index = current_replica_index()
+    return self._vars[0 if index is None else index]
+
   @property
   def handle(self):
-    """The replicated handle in a TPU replicate context, else the first
-    variable's."""
+    """The replicated handle in a TPU replicate context, else the local
+    variable's (see the module docstring)."""
     context = enclosing_tpu_context()
     if context is None or tf.executing_eagerly():
-      return self._vars[0].handle
+      return self._local().handle
     return context.get_replicated_var_handle(
         self._name, self._handle_id, self._vars, is_mirrored=False)
 
@@ -123,18 +141,18 @@ class ReplicatedVariable:
 
   def read_value(self):
     if not self._replicated():
-      return self._vars[0].read_value()
+      return self._local().read_value()
     return gen_resource_variable_ops.read_variable_op(self.handle, self.dtype)
 
   def value(self):
     if not self._replicated():
-      return self._vars[0].value()
+      return self._local().value()
     return gen_resource_variable_ops.read_variable_op(self.handle, self.dtype)
 
   def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
     """For tensor conversion: the value (or, as_ref, the handle)."""
     if not self._replicated():
-      return self._vars[0]._dense_var_to_tensor(  # pylint: disable=protected-access
+      return self._local()._dense_var_to_tensor(  # pylint: disable=protected-access
           dtype=dtype, name=name, as_ref=as_ref)
     if dtype is not None and not self.dtype.is_compatible_with(dtype):
       raise ValueError(
@@ -148,7 +166,7 @@ class ReplicatedVariable:
 
   def _update(self, method, raw_op, value, read_value):
     if not self._replicated():
-      return getattr(self._vars[0], method)(value, read_value=read_value)
+      return getattr(self._local(), method)(value, read_value=read_value)
     handle = self.handle
     update = raw_op(handle, tf.convert_to_tensor(value, dtype=self.dtype))
     if not read_value:

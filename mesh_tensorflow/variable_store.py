@@ -19,6 +19,7 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
@@ -28,6 +29,24 @@ def outer_context_is_eager():
   """True unless the outermost context is a compat-mode tf.Graph."""
   with tf.init_scope():
     return tf.executing_eagerly()
+
+
+def _bypass_strategy_creators(next_creator, **kwargs):
+  del next_creator
+  return tf_variables.default_variable_creator_v2(None, **kwargs)
+
+
+def plain_variable(initial_value, **kwargs):
+  """tf.Variable(initial_value, **kwargs), never a distributed variable.
+
+  A mesh implementation's variables are per-processor slices on devices it
+  picks. Made inside a tf.distribute strategy's scope or replica context
+  (SimdMeshImpl's programs run in `strategy.run`, where the first trace
+  creates the variables) tf.Variable would give the strategy's mirrored
+  variable instead; this goes past the strategy's variable creators.
+  """
+  with tf.variable_creator_scope(_bypass_strategy_creators):
+    return tf.Variable(initial_value, **kwargs)
 
 
 def _outer_graph():
@@ -90,8 +109,8 @@ class VariableStore:
     if name not in entries:
       with tf.init_scope(), root_name_scope(), tf.device("/cpu:0"):
         if tf.executing_eagerly():
-          entries[name] = tf.Variable(tf.constant(0, tf.int64), name=name,
-                                      trainable=False)
+          entries[name] = plain_variable(tf.constant(0, tf.int64),
+                                         name=name, trainable=False)
           self.track(name, entries[name])
         else:
           entries[name] = tf.compat.v1.Variable(

@@ -13,9 +13,9 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import processors
-from mesh_tensorflow import simd_collectives
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_topology
+from tests import simulated_tpu
 from tests import test_simd_mesh_impl as host_tests
 
 BATCH, IO, HIDDEN = host_tests.BATCH, host_tests.IO, host_tests.HIDDEN
@@ -28,17 +28,14 @@ CASES = [
     ("b:2;m:4", "hidden:b;batch:m", REVERSED),
 ]
 CASE_IDS = ["data", "model-reversed", "2d-ring", "2d_swapped-reversed"]
-TPU_DTYPES = (tf.float32, tf.bfloat16, tf.int32)
-
-
-def _cpu_devices():
-  return [d.name for d in tf.config.list_logical_devices("CPU")][:8]
+TPU_DTYPES = simulated_tpu.TPU_DTYPES
 
 
 def _tpu_impl(mesh_shape, layout, logical_to_physical):
   size = mtf.convert_to_shape(mesh_shape).size
   return simd_mesh_impl.SimdMeshImpl(
-      mesh_shape, layout, devices=_cpu_devices()[:size], collectives="tpu",
+      mesh_shape, layout, devices=simulated_tpu.cpu_devices(size),
+      collectives="tpu",
       logical_to_physical=logical_to_physical)
 
 
@@ -163,47 +160,40 @@ def test_make_simd_mesh_impl_without_strategy_is_host():
 # ----------------------------------------------- simulated TPU, on CPUs
 
 
-class HostSimulatedTpuPrimitives:
-  """The XLA TPU collectives, done by host collectives among the devices
-  of physical ids; refuses the dtypes a TPU op would refuse."""
-
-  def __init__(self, impl):
-    l2p = tf.constant(impl.logical_to_physical, tf.int32)
-    physical_devices = [None] * impl.size
-    for logical, physical in enumerate(impl.logical_to_physical):
-      physical_devices[physical] = impl.devices[logical]
-    self._size = impl.size
-    self._host = simd_collectives.HostCollectives(
-        physical_devices, lambda: tf.gather(l2p, impl.pnum_tensor),
-        impl._current_token, timeout_seconds=30)  # pylint: disable=protected-access
-
-  def _check(self, x, what):
-    assert x.dtype in TPU_DTYPES, f"{what} got {x.dtype.name}"
-
-  def cross_replica_sum(self, x, group_assignment):
-    self._check(x, "cross_replica_sum")
-    return self._host.all_reduce(x, group_assignment, "SUM")
-
-  def all_to_all(self, x, concat_dimension, split_dimension, split_count,
-                 group_assignment):
-    self._check(x, "all_to_all")
-    assert concat_dimension == 0 and split_dimension == 0
-    assert split_count == len(group_assignment[0])
-    return self._host.all_to_all(x, group_assignment)
-
-  def collective_permute(self, x, source_target_pairs):
-    self._check(x, "collective_permute")
-    return self._host.permute(x, source_target_pairs,
-                              [list(range(self._size))])
-
-
 @pytest.mark.parametrize("mesh_shape,layout,l2p", CASES, ids=CASE_IDS)
 def test_simulated_tpu_matches_placement(mesh_shape, layout, l2p):
   impl = _tpu_impl(mesh_shape, layout, l2p)
-  impl.collectives._primitives = HostSimulatedTpuPrimitives(impl)  # pylint: disable=protected-access
+  simulated_tpu.install(impl)
   simd = host_tests._run(impl, "function")  # pylint: disable=protected-access
   placement = host_tests._run(  # pylint: disable=protected-access
       mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
       "function")
   host_tests.assert_same_results(simd, placement)
   assert not np.allclose(simd[0]["h"], simd[1]["h"])
+
+
+@pytest.mark.parametrize("mesh_shape,layout,l2p", CASES[2:], ids=CASE_IDS[2:])
+def test_strategy_run_matches_placement(mesh_shape, layout, l2p):
+  """SimdMeshImpl's strategy path: strategy.run of the program, processor
+  numbers from replica ids, each replica on its own core's variables."""
+  strategy = simulated_tpu.stand_in_strategy()
+  impl = simd_mesh_impl.make_simd_mesh_impl(
+      mesh_shape, layout, strategy=strategy, logical_to_physical=l2p)
+  assert impl.collectives.name == "tpu"
+  simulated_tpu.install(impl)
+  with strategy.scope():  # As TPU programs are often written.
+    simd = host_tests._run(impl, "function")  # pylint: disable=protected-access
+  placement = host_tests._run(  # pylint: disable=protected-access
+      mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
+      "function")
+  host_tests.assert_same_results(simd, placement)
+  assert not np.allclose(simd[0]["h"], simd[1]["h"])
+  # The strategy's replicas are the physical processors.
+  index = lambda device: tf.DeviceSpec.from_string(device).device_index
+  assert [index(d) for d in impl.devices] == impl.logical_to_physical
+  # Each processor's slices are plain variables on its own device, made in
+  # the replica context of the first trace and not mirrored by the strategy.
+  for name, entry in impl.variable_store.eager_entries().items():
+    for pnum, variable in enumerate(entry.slices):
+      assert not isinstance(variable, tf.distribute.DistributedValues), name
+      assert index(variable.device) == impl.logical_to_physical[pnum], name

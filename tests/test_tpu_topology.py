@@ -248,6 +248,33 @@ def test_physical_shape_3d_from_topology_proto_4d_errors(bad):
     tpu_topology.physical_shape_3d_from_topology_proto_4d(bad)
 
 
+@pytest.mark.parametrize("shape_4d", [[2, 2, 1, 2], [4, 2, 1, 2],
+                                      [2, 2, 2, 2], [3, 2, 2, 1]])
+def test_topology_coordinates_number_cores_as_auto_placement_does(shape_4d):
+  coordinates = tpu_topology.topology_coordinates(shape_4d)
+  x_size, y_size, z_size, cores = shape_4d
+  assert len(coordinates) == x_size * y_size * z_size * cores
+  assert len({tuple(c) for c in coordinates}) == len(coordinates)
+  for x, y, z, core in coordinates:
+    assert 0 <= x < x_size and 0 <= y < y_size and 0 <= z < z_size
+    assert 0 <= core < cores
+  # Physical processor p (as auto_logical_to_physical_tpu numbers it) is the
+  # core at coordinates[p].
+  logical_shape = [2, len(coordinates) // 2]
+  physical = tpu_topology.auto_logical_to_physical_tpu(logical_shape,
+                                                       shape_4d)
+  placed = tpu_topology.auto_logical_to_physical_tpu(
+      logical_shape, shape_4d, return_coordinates=True)
+  for logical, p in enumerate(physical):
+    x, y, z, core = coordinates[p]
+    assert placed[logical] == [z * y_size + y, x, core]
+
+
+def test_topology_coordinates_rejects_3d_shapes():
+  with pytest.raises(ValueError, match="mesh_shape"):
+    tpu_topology.topology_coordinates([4, 4, 2])
+
+
 # --------------------------------------------------------------------------
 # auto_logical_to_physical_tpu.
 # --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """ReplicatedVariable: the first variable outside a TPU replicate context,
-a replicated handle over every variable inside one."""
+a replicated handle over every variable inside one, and each replica's own
+variable in another strategy's replica context."""
 
 import inspect
 
@@ -168,3 +169,30 @@ def test_context_is_found_from_a_nested_function_graph():
       assert len(replicated) == 1
     finally:
       context.Exit()
+
+
+def test_replica_context_of_another_strategy_uses_the_replicas_variable():
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:4]
+  variables = []
+  for i, device in enumerate(devices):
+    with tf.device(device):
+      variables.append(tf.Variable([1.0 + 10 * i, 2.0 + 10 * i]))
+  rv = tpu_variables.ReplicatedVariable("w", variables)
+  strategy = tf.distribute.MirroredStrategy(devices)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      before = rv.read_value()
+      rv.assign_add([100.0, 100.0], read_value=False)
+      return before
+    return strategy.experimental_local_results(strategy.run(replica_fn))
+
+  before = [r.numpy() for r in step()]
+  for i, value in enumerate(before):
+    np.testing.assert_array_equal(value, [1.0 + 10 * i, 2.0 + 10 * i])
+  for i, v in enumerate(variables):
+    np.testing.assert_array_equal(v.numpy(), [101.0 + 10 * i, 102.0 + 10 * i])
+  assert tpu_variables.current_replica_index() is None
+  with strategy.scope():  # Cross-replica: no replica of its own.
+    assert tpu_variables.current_replica_index() is None

@@ -54,6 +54,7 @@ class Estimator:
     self._config = config.replace(model_dir=model_dir)
     self._model_fn = model_fn
     self._params = dict(params or {})
+    self._tpu = None  # (strategy, logical_to_physical), made on first use.
 
   @property
   def model_dir(self):
@@ -142,13 +143,21 @@ class Estimator:
                        f"{spec.mode!r} when called with mode {mode!r}.")
     return spec
 
+  def _mesh_config(self, mode):
+    """The RunConfig whose mesh implementation runs `mode`."""
+    del mode
+    return self._config
+
   def _start(self, mode, checkpoint_path=None, require_checkpoint=False):
     """(mesh_impl, global_step, checkpointer, restored path) of a call."""
     if self._config.tf_random_seed is not None:
       tf.random.set_seed(self._config.tf_random_seed)
     if require_checkpoint:
       checkpoint_path = self._require_checkpoint(checkpoint_path)
-    mesh_impl = mesh_impls.make_mesh_impl(self._config)
+    config = self._mesh_config(mode)
+    if config.mesh_impl == "tpu" and self._tpu is None:
+      self._tpu = mesh_impls.tpu_strategy(config)
+    mesh_impl = mesh_impls.make_mesh_impl(config, self._tpu)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                               name="global_step")
     checkpointer = checkpoints.Checkpointer(

@@ -3,14 +3,36 @@
 import tensorflow as tf
 
 from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow.estimator import tpu_cluster
 
 
-def make_mesh_impl(config):
-  """A new PlacementMeshImpl or host SimdMeshImpl for `config`.
+def tpu_strategy(config):
+  """(strategy, logical_to_physical) for a config with mesh_impl "tpu".
 
-  Call outside any tf.function: the implementation owns the variables.
+  A strategy given in the config is used as it is, its replica order taken
+  as the physical order; otherwise the estimator connects to
+  `config.cluster` (see tpu_cluster.connect).
   """
+  if config.strategy is not None:
+    return config.strategy, None
+  return tpu_cluster.connect(config.cluster,
+                             shape_lib.convert_to_shape(config.mesh_shape))
+
+
+def make_mesh_impl(config, tpu=None):
+  """A new PlacementMeshImpl or SimdMeshImpl (host or TPU) for `config`.
+
+  `tpu` is the (strategy, logical_to_physical) of a "tpu" config, made once
+  by `tpu_strategy`. Call outside any tf.function: the implementation owns
+  the variables.
+  """
+  if config.mesh_impl == "tpu":
+    strategy, logical_to_physical = tpu or tpu_strategy(config)
+    return simd_mesh_impl.make_simd_mesh_impl(
+        config.mesh_shape, config.layout, strategy=strategy,
+        devices=config.devices, logical_to_physical=logical_to_physical)
   if config.mesh_impl == "simd":
     return simd_mesh_impl.make_simd_mesh_impl(
         config.mesh_shape, config.layout, devices=config.devices)

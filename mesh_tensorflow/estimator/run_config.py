@@ -2,7 +2,7 @@
 
 import collections
 
-MESH_IMPLS = ("placement", "simd")
+MESH_IMPLS = ("placement", "simd", "tpu")
 
 
 class TPUConfig(collections.namedtuple(
@@ -31,11 +31,18 @@ class RunConfig:
     tf_random_seed: passed to tf.random.set_seed before building a program.
     mesh_shape: e.g. "b:2;m:4" (default "all:1", one processor).
     layout: layout rules, e.g. "batch:b;hidden:m".
-    mesh_impl: "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl,
-      host collectives).
-    devices: one device string per processor (default: local devices).
-    cluster: a TPU cluster resolver (TPUEstimator with use_tpu=True).
+    mesh_impl: "placement" (PlacementMeshImpl), "simd" (SimdMeshImpl,
+      host collectives) or "tpu" (SimdMeshImpl under a TPUStrategy, one
+      processor per core; TPUEstimator(use_tpu=True) sets it).
+    devices: one device string per processor (default: local devices, or
+      the TPU cores in replica order).
+    cluster: a TPUClusterResolver: with mesh_impl "tpu" the estimator
+      connects to it, builds the TPUStrategy and places the mesh on the
+      cores with mtf.tpu_topology.auto_logical_to_physical_tpu.
     tpu_config: a TPUConfig.
+    strategy: instead of `cluster`, a tf.distribute strategy with one
+      replica per processor, used as it is (replica i is physical
+      processor i).
   """
 
   def __init__(self, model_dir=None, save_checkpoints_steps=100,
@@ -43,10 +50,15 @@ class RunConfig:
                iterations_per_loop=1, save_summary_steps=100,
                tf_random_seed=None, mesh_shape="all:1", layout="",
                mesh_impl="placement", devices=None, cluster=None,
-               tpu_config=None):
+               tpu_config=None, strategy=None):
     if mesh_impl not in MESH_IMPLS:
       raise ValueError(f"RunConfig mesh_impl={mesh_impl!r}: expected one of "
                        f"{MESH_IMPLS}.")
+    if mesh_impl == "tpu" and cluster is None and strategy is None:
+      raise ValueError(
+          "RunConfig mesh_impl='tpu' (TPUEstimator use_tpu=True) needs "
+          "cluster=tf.distribute.cluster_resolver.TPUClusterResolver(...) "
+          "or strategy=a TPUStrategy.")
     if tpu_config is not None:
       iterations_per_loop = tpu_config.iterations_per_loop
     for name, value in (("save_checkpoints_steps", save_checkpoints_steps),
@@ -69,6 +81,7 @@ class RunConfig:
     self.devices = devices
     self.cluster = cluster
     self.tpu_config = tpu_config
+    self.strategy = strategy
 
   def replace(self, **kwargs):
     """A copy with some arguments changed."""

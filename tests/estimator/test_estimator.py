@@ -149,7 +149,7 @@ def test_export_serves_on_one_device_like_the_8_processor_model(tmp_path):
   assert not any(op.type.startswith("Collective") for op in ops)
 
 
-def test_tpu_estimator_passes_batch_size_and_rejects_tpu(tmp_path):
+def test_tpu_estimator_passes_batch_size(tmp_path):
   seen = []
 
   def input_fn(params):
@@ -165,5 +165,3 @@ def test_tpu_estimator_passes_batch_size_and_rejects_tpu(tmp_path):
                                train_batch_size=toy_model.BATCH)
   est.train(input_fn, steps=2)
   assert seen == [toy_model.BATCH]
-  with pytest.raises(NotImplementedError, match="use_tpu"):
-    estimator.TPUEstimator(toy_model.model_fn, config=config, use_tpu=True)
