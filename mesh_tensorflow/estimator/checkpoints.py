@@ -1,9 +1,10 @@
 """Checkpoints of an estimator run: the mesh's variables and the global step.
 
 A checkpoint holds the mesh implementation under "model" (every mtf
-variable whole, under its mtf name, so any mesh can read it) and the
-estimator's int64 step under "global_step". TensorFlow writes a checkpoint's
-files into "<prefix>_temp/" and renames them into place, and only then
+variable whole, under its mtf name, so any mesh can read it), the
+estimator's int64 step under "global_step" and, if asked, the training
+input iterator's position under "input_pipeline". TensorFlow writes a
+checkpoint's files into "<prefix>_temp/" and renames them into place, then
 rewrites the "checkpoint" state file, itself atomically (temp file,
 rename), listing only the checkpoints kept; old ones are deleted after that.
 (tf.train.CheckpointManager still lists them while it deletes them, so a
@@ -22,6 +23,7 @@ from absl import logging
 import tensorflow as tf
 
 CHECKPOINT_NAME = "model.ckpt"
+INPUT_PIPELINE = "input_pipeline"
 _NUMBERED = re.compile(re.escape(CHECKPOINT_NAME) + r"-(\d+)(_temp)?(\..*)?$")
 
 
@@ -69,6 +71,7 @@ class Checkpointer:
     self._model_dir = model_dir
     self._max_to_keep = max_to_keep
     self._cleaned = False
+    self._tracks_input = False
 
   def restore(self, path=None):
     """Restores `path` (default: the latest checkpoint); returns the path
@@ -80,6 +83,28 @@ class Checkpointer:
     self._checkpoint.restore(path).expect_partial()
     logging.info("Restored checkpoint %s", path)
     return path
+
+  def track_input_pipeline(self, iterator, restored_path):
+    """Saves `iterator`'s position from now on.
+
+    If `restore` restored a checkpoint (`restored_path`) that holds a
+    position, attaching the iterator restores it: TensorFlow restores
+    objects attached after a restore (deferred restoration).
+    """
+    if restored_path is not None:
+      keys = tf.train.load_checkpoint(restored_path).get_variable_to_shape_map()
+      if not any(k.startswith(INPUT_PIPELINE + "/") for k in keys):
+        logging.warning("Checkpoint %s holds no input pipeline position: "
+                        "input_fn starts from its beginning.", restored_path)
+    try:
+      setattr(self._checkpoint, INPUT_PIPELINE, iterator)
+    except tf.errors.OpError as e:
+      raise ValueError(
+          "Could not restore the input pipeline position saved in "
+          f"{restored_path}: input_fn must build the same dataset as the run "
+          "that saved it (or set RunConfig checkpoint_input_pipeline=False). "
+          f"TensorFlow said: {e.message}") from e
+    self._tracks_input = True
 
   def save(self, step):
     """Writes the checkpoint of `step`, lists it, prunes old ones; returns
@@ -94,7 +119,17 @@ class Checkpointer:
       remove_partial_checkpoints(self._model_dir)
       self._cleaned = True
     prefix = os.path.join(self._model_dir, f"{CHECKPOINT_NAME}-{step}")
-    path = self._checkpoint.write(prefix)
+    try:
+      path = self._checkpoint.write(prefix)
+    except tf.errors.FailedPreconditionError as e:
+      remove_partial_checkpoints(self._model_dir)
+      if not self._tracks_input:
+        raise
+      raise ValueError(
+          "RunConfig checkpoint_input_pipeline=True, but the input "
+          "pipeline cannot be checkpointed (a Python generator or "
+          "py_function in the dataset?); build it from serializable ops or "
+          f"turn the option off. TensorFlow said: {e.message}") from e
     name = os.path.basename(path)
     # Paths relative to model_dir, so the directory can be moved.
     kept = [os.path.basename(p) for p in listed_checkpoints(self._model_dir)]

@@ -174,14 +174,23 @@ class Estimator:
   def train(self, input_fn, hooks=None, steps=None, max_steps=None,
             saving_listeners=None):
     """Trains for `steps` more steps, or up to global step `max_steps`, or
-    until input_fn's data ends; resumes from the latest checkpoint."""
-    del hooks, saving_listeners  # No sessions to hook into.
+    until input_fn's data ends; resumes from the latest checkpoint.
+
+    saving_listeners get tf.estimator's CheckpointSaverListener calls
+    (begin, before_save, after_save, end; the session argument is None); an
+    after_save returning True stops training. SessionRunHooks need
+    tf.compat.v1 sessions: `hooks` are ignored, with a warning.
+    """
+    if hooks:
+      logging.warning("Estimator.train ignores hooks (SessionRunHooks need "
+                      "tf.compat.v1 sessions): %s", hooks)
     if steps is not None and max_steps is not None:
       raise ValueError("Give steps or max_steps, not both.")
     for name, value in (("steps", steps), ("max_steps", max_steps)):
       if value is not None and value <= 0:
         raise ValueError(f"{name} must be positive, got {value}.")
-    mesh_impl, global_step, checkpointer, _ = self._start(ModeKeys.TRAIN)
+    mesh_impl, global_step, checkpointer, restored = self._start(
+        ModeKeys.TRAIN)
     start = int(global_step.numpy())
     last = start + steps if steps is not None else max_steps
     if last is not None and start >= last:
@@ -192,11 +201,26 @@ class Estimator:
     loop = self._train_loop(mesh_impl, global_step, writer)
     iterator = iter(inputs.call_input_fn(
         input_fn, self._input_params(ModeKeys.TRAIN)))
+    if self._config.checkpoint_input_pipeline:
+      checkpointer.track_input_pipeline(iterator, restored)
+    listeners = list(saving_listeners or [])
+    for listener in listeners:
+      listener.begin()
+
+    def save(step):
+      """Saves; True if a listener asks to stop."""
+      for listener in listeners:
+        listener.before_save(None, step)
+      checkpointer.save(step)
+      return any([bool(listener.after_save(None, step))
+                  for listener in listeners])
+
     logger = step_logger.StepLogger(writer, start,
                                     self._config.log_step_count_steps,
                                     self._config.save_summary_steps)
     every = self._config.save_checkpoints_steps
     step = saved = start
+    loss = None
     while last is None or step < last:
       n = self._config.iterations_per_loop
       if last is not None:
@@ -211,10 +235,15 @@ class Estimator:
         raise FloatingPointError(f"Loss is {loss} at step {step}.")
       logger.after_loop(step, loss)
       if every and step // every > saved // every:
-        checkpointer.save(step)
         saved = step
+        if save(step):
+          logging.info("A saving listener stopped training at step %d.",
+                       step)
+          break
     if step != saved or self.latest_checkpoint() is None:
-      checkpointer.save(step)
+      save(step)
+    for listener in listeners:
+      listener.end(None, step)
     writer.flush()
     logging.info("Loss for final step: %s.", loss)
     return self

@@ -43,6 +43,11 @@ class RunConfig:
     strategy: instead of `cluster`, a tf.distribute strategy with one
       replica per processor, used as it is (replica i is physical
       processor i).
+    checkpoint_input_pipeline: also checkpoint the training input
+      iterator, so that a resumed `train` continues where the data stopped
+      instead of restarting input_fn (as tf.estimator did). The dataset
+      must be serializable (no Python generators or py_function) and the
+      same on resume; shuffle buffers are saved too, so keep them small.
   """
 
   def __init__(self, model_dir=None, save_checkpoints_steps=100,
@@ -50,7 +55,8 @@ class RunConfig:
                iterations_per_loop=1, save_summary_steps=100,
                tf_random_seed=None, mesh_shape="all:1", layout="",
                mesh_impl="placement", devices=None, cluster=None,
-               tpu_config=None, strategy=None):
+               tpu_config=None, strategy=None,
+               checkpoint_input_pipeline=False):
     if mesh_impl not in MESH_IMPLS:
       raise ValueError(f"RunConfig mesh_impl={mesh_impl!r}: expected one of "
                        f"{MESH_IMPLS}.")
@@ -82,6 +88,7 @@ class RunConfig:
     self.cluster = cluster
     self.tpu_config = tpu_config
     self.strategy = strategy
+    self.checkpoint_input_pipeline = bool(checkpoint_input_pipeline)
 
   def replace(self, **kwargs):
     """A copy with some arguments changed."""

@@ -10,12 +10,13 @@ from tests.estimator import toy_model
 
 SETTINGS = dict(mesh_shape="all:2", layout="batch:all",
                 save_checkpoints_steps=2, keep_checkpoint_max=3,
-                log_step_count_steps=1000, save_summary_steps=1000)
+                log_step_count_steps=1000, save_summary_steps=1000,
+                checkpoint_input_pipeline=True)
 
 
 def main(model_dir, max_steps):
   toy_model.make_estimator(model_dir, **SETTINGS).train(
-      toy_model.input_fn, max_steps=max_steps)
+      toy_model.varying_input_fn, max_steps=max_steps)
 
 
 if __name__ == "__main__":

@@ -165,3 +165,80 @@ def test_tpu_estimator_passes_batch_size(tmp_path):
                                train_batch_size=toy_model.BATCH)
   est.train(input_fn, steps=2)
   assert seen == [toy_model.BATCH]
+
+
+def test_input_pipeline_position_is_checkpointed(tmp_path):
+  whole = toy_model.make_estimator(tmp_path / "whole",
+                                   checkpoint_input_pipeline=True)
+  whole.train(toy_model.varying_input_fn, steps=20)
+  resumed = toy_model.make_estimator(tmp_path / "resumed",
+                                     checkpoint_input_pipeline=True)
+  for _ in range(2):  # Each call starts a new iterator and restores it.
+    resumed.train(toy_model.varying_input_fn, steps=10)
+  _assert_same_variables(_variables(whole), _variables(resumed))
+  # Without the option input_fn restarts, as tf.estimator's did.
+  restarted = toy_model.make_estimator(tmp_path / "restarted")
+  for _ in range(2):
+    restarted.train(toy_model.varying_input_fn, steps=10)
+  assert not np.allclose(_variables(whole)["out/kernel"],
+                         _variables(restarted)["out/kernel"])
+
+
+def test_input_pipeline_errors_name_the_option(tmp_path):
+  est = toy_model.make_estimator(tmp_path / "a",
+                                 checkpoint_input_pipeline=True)
+  est.train(toy_model.varying_input_fn, steps=2)
+
+  def other_dataset():
+    return toy_model.varying_input_fn().map(lambda x, y: (x, y * 2.0))
+
+  with pytest.raises(ValueError, match="same dataset"):
+    est.train(other_dataset, steps=2)
+
+  def generated():
+    def batches():
+      while True:
+        yield {"x": toy_model.INPUTS}, toy_model.TARGETS
+    return tf.data.Dataset.from_generator(batches, output_signature=(
+        {"x": tf.TensorSpec([toy_model.BATCH, toy_model.IO], tf.float32)},
+        tf.TensorSpec([toy_model.BATCH, toy_model.IO], tf.float32)))
+
+  fresh = toy_model.make_estimator(tmp_path / "b",
+                                   checkpoint_input_pipeline=True)
+  with pytest.raises(ValueError, match="cannot be checkpointed"):
+    fresh.train(generated, steps=2)
+  assert fresh.latest_checkpoint() is None
+  assert not [p for p in os.listdir(tmp_path / "b") if "ckpt" in p]
+
+
+class _Listener:
+  """A CheckpointSaverListener that asks to stop after step 4's save."""
+
+  def __init__(self):
+    self.calls = []
+
+  def begin(self):
+    self.calls.append("begin")
+
+  def before_save(self, session, step):
+    self.calls.append(("before", session, step))
+
+  def after_save(self, session, step):
+    self.calls.append(("after", session, step))
+    return step >= 4
+
+  def end(self, session, step):
+    self.calls.append(("end", session, step))
+
+
+def test_saving_listeners_are_called_and_can_stop_training(tmp_path, caplog):
+  est = toy_model.make_estimator(tmp_path, save_checkpoints_steps=2)
+  listener = _Listener()
+  with caplog.at_level(logging.WARNING):
+    est.train(toy_model.input_fn, steps=10, saving_listeners=[listener],
+              hooks=["a-session-run-hook"])
+  assert "ignores hooks" in caplog.text
+  assert listener.calls == [
+      "begin", ("before", None, 2), ("after", None, 2), ("before", None, 4),
+      ("after", None, 4), ("end", None, 4)]
+  assert est.get_variable_value("global_step") == 4

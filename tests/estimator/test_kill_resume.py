@@ -1,5 +1,6 @@
 """A training process killed with SIGKILL resumes from its last complete
-checkpoint and ends where an uninterrupted run ends."""
+checkpoint, data position included, and ends where an uninterrupted run
+ends."""
 
 import glob
 import os
@@ -56,6 +57,8 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
     step = reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")
     assert step == int(re.search(r"-(\d+)$", path).group(1))
     assert reader.has_tensor("model/out/kernel/.ATTRIBUTES/VARIABLE_VALUE")
+    assert any(k.startswith("input_pipeline/")
+               for k in reader.get_variable_to_shape_map())
 
   restarted = _start_worker(model_dir)
   _, stderr = restarted.communicate(timeout=120)
@@ -65,7 +68,7 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
 
   uninterrupted = toy_model.make_estimator(tmp_path / "whole",
                                            **kill_worker.SETTINGS)
-  uninterrupted.train(toy_model.input_fn, max_steps=MAX_STEPS)
+  uninterrupted.train(toy_model.varying_input_fn, max_steps=MAX_STEPS)
   resumed = toy_model.make_estimator(model_dir, **kill_worker.SETTINGS)
   for name in uninterrupted.get_variable_names():
     np.testing.assert_allclose(resumed.get_variable_value(name),

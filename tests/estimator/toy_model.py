@@ -9,7 +9,11 @@ from mesh_tensorflow import estimator
 BATCH, IO, HIDDEN = 8, 4, 8
 RNG = np.random.RandomState(0)
 INPUTS = RNG.randn(BATCH, IO).astype(np.float32)
-TARGETS = np.tanh(INPUTS @ RNG.randn(IO, IO).astype(np.float32))
+WEIGHTS = RNG.randn(IO, IO).astype(np.float32)
+TARGETS = np.tanh(INPUTS @ WEIGHTS)
+# 16 different batches, for runs whose data changes every step.
+VARIED_INPUTS = RNG.randn(16, BATCH, IO).astype(np.float32)
+VARIED_TARGETS = np.tanh(VARIED_INPUTS @ WEIGHTS)
 
 
 def model_fn(features, labels, mode, params):
@@ -51,6 +55,12 @@ def input_fn():
   """The same batch every step (so a resumed run sees the same data)."""
   return tf.data.Dataset.from_tensors(
       ({"x": INPUTS}, TARGETS)).repeat()
+
+
+def varying_input_fn():
+  """Different batches, reshuffled (with a fixed seed) every epoch."""
+  return tf.data.Dataset.from_tensor_slices(
+      ({"x": VARIED_INPUTS}, VARIED_TARGETS)).shuffle(16, seed=3).repeat()
 
 
 def eval_input_fn():
