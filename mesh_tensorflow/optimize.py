@@ -125,6 +125,12 @@ class Optimizer:
             f"Gradient {grad.name} {grad.shape} does not match variable "
             f"{var.name!r} of shape {var.shape}.")
       ops.extend(self.apply_grad(grad, var))
+    learning_rate = self._summary_learning_rate()
+    if ops and learning_rate is not None:
+      # For TensorBoard (the estimator writes every mtf.scalar_summary).
+      mesh = _as_variable(variables[0]).mesh
+      mtf.scalar_summary("learning_rate",
+                         _to_mtf_scalar(mesh, learning_rate))
     step_update = self._increment_step(variables)
     if step_update is not None:
       ops.append(step_update)
@@ -140,6 +146,10 @@ class Optimizer:
   def _uses_global_step(self):
     """Whether a rate is a schedule of the global step."""
     return False
+
+  def _summary_learning_rate(self):
+    """The learning rate (number, tensor or schedule), or None."""
+    return None
 
   def _increment_step(self, variables):
     if not variables or not self._uses_global_step():
@@ -161,6 +171,9 @@ class _LearningRateOptimizer(Optimizer):
 
   @property
   def lr(self):
+    return self._lr
+
+  def _summary_learning_rate(self):
     return self._lr
 
   def _uses_global_step(self):
@@ -212,6 +225,9 @@ class AdamWeightDecayOptimizer(Optimizer):
 
   def _uses_global_step(self):
     return _is_schedule(self.learning_rate)
+
+  def _summary_learning_rate(self):
+    return self.learning_rate
 
   def apply_grad(self, grad, var):
     grad = mtf.to_float(grad)
@@ -307,6 +323,9 @@ class AdafactorOptimizer(Optimizer):
   def _uses_global_step(self):
     return (_is_schedule(self._learning_rate) or
             _is_schedule(self._decay_rate))
+
+  def _summary_learning_rate(self):
+    return self._learning_rate
 
   def _factored_dims(self, shape):
     """The two largest dimensions (largest first) if they factor, else None.

@@ -345,3 +345,34 @@ def test_schedules_match_the_formulas():
       got["adam"], [_adam_decay(0.9)(s) for s in steps], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(got["lr"], [_default_lr(s) for s in steps])
   np.testing.assert_allclose(got["rms"], _rms(steps), rtol=1e-6)
+
+
+@pytest.mark.parametrize("make_optimizer,want", [
+    (lambda: optimize.SgdOptimizer(0.25), [0.25, 0.25]),
+    (lambda: optimize.AdamWeightDecayOptimizer(lambda step: step + 1.0),
+     [1.0, 2.0]),
+    (lambda: optimize.AdafactorOptimizer(learning_rate=0.5), [0.5, 0.5]),
+])
+def test_learning_rate_is_a_scalar_summary(make_optimizer, want):
+  """apply_grads records "learning_rate" (a schedule's value at the step)
+  for the estimator's TensorBoard summaries."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "hidden:all")
+  optimizer = make_optimizer()
+
+  @tf.function(autograph=False)
+  def step():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    hidden = mtf.Dimension("hidden", HIDDEN)
+    w = mtf.get_variable(mesh, "w", [hidden])
+    loss = mtf.reduce_sum(mtf.square(w))
+    (grad,) = mtf.gradients([loss], [w])
+    updates = optimizer.apply_grads([grad], [w.operation])
+    with mtf.ops.debug.collect_scalar_summaries() as summaries:
+      lowering = mtf.Lowering(graph, {mesh: impl})
+      for update in updates:
+        lowering.lowered_operation(update)
+    return summaries["learning_rate"]
+
+  got = [float(step()) for _ in want]
+  np.testing.assert_allclose(got, want, rtol=1e-6)

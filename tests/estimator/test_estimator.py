@@ -99,8 +99,9 @@ def test_summaries_log_lines_and_checkpoint_pruning(tmp_path, caplog):
 
   scalars = _event_scalars(str(tmp_path))
   assert sorted(scalars["loss"]) == [2, 4, 6]
-  assert sorted(scalars["learning_rate"]) == [2, 4, 6]  # mtf.scalar_summary
+  assert sorted(scalars["learning_rate"]) == [2, 4, 6]  # By the optimizer.
   assert scalars["learning_rate"][4] == pytest.approx(0.1)
+  assert sorted(scalars["mean_abs_error"]) == [2, 4, 6]  # mtf.scalar_summary
   assert sorted(scalars["global_step/sec"]) == [2, 4, 6]
   assert scalars["loss"][6] < scalars["loss"][2]
 
@@ -122,7 +123,7 @@ def test_simd_trains_like_placement(tmp_path):
   simd.train(toy_model.input_fn, steps=4)
   _assert_same_variables(_variables(placement), _variables(simd))
   # mtf.scalar_summary values come out of the SIMD program too.
-  for name in ("loss", "learning_rate"):
+  for name in ("loss", "learning_rate", "mean_abs_error"):
     np.testing.assert_allclose(
         sorted(_event_scalars(str(tmp_path / "s"))[name].items()),
         sorted(_event_scalars(str(tmp_path / "p"))[name].items()), rtol=1e-5)

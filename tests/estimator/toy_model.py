@@ -41,9 +41,8 @@ def model_fn(features, labels, mode, params):
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     optimizer = mtf.optimize.SgdOptimizer(params.get("learning_rate", 0.1))
-    updates = optimizer.apply_grads(grads, variables)
-    mtf.scalar_summary("learning_rate",
-                       mtf.constant(mesh, params.get("learning_rate", 0.1)))
+    updates = optimizer.apply_grads(grads, variables)  # Summarizes the lr.
+    mtf.scalar_summary("mean_abs_error", mae)
   lowering = mtf.Lowering(graph, {mesh: params["mesh_impl"]})
   return estimator.EstimatorSpec(
       mode, loss=lowering.export_to_tf_tensor(loss),
