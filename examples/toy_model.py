@@ -11,6 +11,8 @@ every checkpoint.
   python examples/toy_model.py
   python examples/toy_model.py --mesh_shape="b:2;m:4" \
       --layout="batch:b;hidden_odd:m" --mesh_impl=simd
+  python examples/toy_model.py --use_tpu --tpu=my-tpu --mesh_shape=all:8 \
+      --model_dir=gs://bucket/toy   # Cloud TPU with 8 cores
 """
 
 import tempfile
@@ -60,6 +62,12 @@ flags.DEFINE_integer("eval_batches", 4, "Batches per evaluation.",
 flags.DEFINE_string("model_dir", "",
                     "Checkpoint directory (resumed if it holds one); "
                     "default: a new temporary directory.")
+flags.DEFINE_bool("use_tpu", False, "Run on Cloud TPU cores (one mesh "
+                  "processor per core), overriding --mesh_impl.")
+flags.DEFINE_string("tpu", None, "The Cloud TPU's name or address.")
+flags.DEFINE_string("gcp_project", None, "The TPU's GCP project (default: "
+                    "detected).")
+flags.DEFINE_string("tpu_zone", None, "The TPU's zone (default: detected).")
 
 
 def _variable_dtype():
@@ -143,15 +151,21 @@ def run():
     the list of (global step, eval loss).
   """
   model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="toy_model_")
+  cluster = None
+  if FLAGS.use_tpu:
+    cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu=FLAGS.tpu, zone=FLAGS.tpu_zone, project=FLAGS.gcp_project)
   config = estimator.RunConfig(
       model_dir=model_dir, mesh_shape=FLAGS.mesh_shape, layout=FLAGS.layout,
-      mesh_impl=FLAGS.mesh_impl,
+      mesh_impl=FLAGS.mesh_impl, cluster=cluster,
       save_checkpoints_steps=FLAGS.steps_per_checkpoint,
       iterations_per_loop=FLAGS.iterations,
       log_step_count_steps=FLAGS.steps_per_checkpoint, tf_random_seed=0)
-  est = estimator.Estimator(model_fn, config=config)
+  est = estimator.TPUEstimator(model_fn, config=config,
+                               use_tpu=FLAGS.use_tpu)
   logging.info("toy_model: mesh %s, layout %r, %s, model_dir %s",
-               FLAGS.mesh_shape, FLAGS.layout, FLAGS.mesh_impl, model_dir)
+               FLAGS.mesh_shape, FLAGS.layout,
+               "tpu" if FLAGS.use_tpu else FLAGS.mesh_impl, model_dir)
   eval_input_fn = make_input_fn(seed=2, num_batches=FLAGS.eval_batches)
   step = 0
   if est.latest_checkpoint():

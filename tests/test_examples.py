@@ -31,13 +31,59 @@ with tfds.testing.mock_data(num_examples=40, data_dir=data_dir):
 """
 
 
-def _run_example(name, *args, mock_tfds_dir=None):
+# Runs an example as __main__ with TF's Cloud TPU entry points replaced by
+# the tests' stand-ins (tests/simulated_tpu.py): an 8-core slice whose
+# TPUStrategy is a MirroredStrategy over the 8 logical CPUs, with the TPU
+# collectives done by host collectives.
+_SIMULATED_TPU_DRIVER = """
+import runpy, sys
+import numpy as np
+import tensorflow as tf
+from mesh_tensorflow.estimator import mesh_impls
+from tests import simulated_tpu
+path = sys.argv[1]
+sys.argv = sys.argv[1:]
+sys.path.insert(0, path.rsplit("/", 1)[0])
+
+class Resolver:
+  def __init__(self, tpu=None, zone=None, project=None):
+    print("TPUClusterResolver", tpu, zone, project)
+  def master(self):
+    return "grpc://simulated-tpu"
+
+class Topology:
+  mesh_shape = np.array([4, 2, 1, 1])
+
+tf.distribute.cluster_resolver.TPUClusterResolver = Resolver
+tf.config.experimental_connect_to_cluster = lambda cluster: None
+tf.tpu.experimental.initialize_tpu_system = lambda cluster: Topology()
+tf.tpu.experimental.DeviceAssignment = lambda topology, core_assignment: None
+tf.distribute.TPUStrategy = (
+    lambda cluster, experimental_device_assignment:
+    simulated_tpu.stand_in_strategy())
+make = mesh_impls.make_mesh_impl
+
+def make_simulated(config, tpu=None):
+  impl = make(config, tpu)
+  if config.mesh_impl == "tpu":
+    print("mesh impl", type(impl).__name__, impl.collectives.name)
+    simulated_tpu.install(impl)
+  return impl
+
+mesh_impls.make_mesh_impl = make_simulated
+runpy.run_path(path, run_name="__main__")
+"""
+
+
+def _run_example(name, *args, mock_tfds_dir=None, simulated_tpu=False):
   """Runs examples/<name>.py with `args`; returns its stdout."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   command = [sys.executable, os.path.join(EXAMPLES, name + ".py"), *args]
   if mock_tfds_dir:
     command[1:1] = ["-c", _MOCK_TFDS_DRIVER, str(mock_tfds_dir)]
+  if simulated_tpu:
+    command[1:1] = ["-c", _SIMULATED_TPU_DRIVER]
   result = subprocess.run(
       command, cwd=ROOT, env=env, capture_output=True, text=True,
       timeout=300, check=False)
@@ -75,6 +121,25 @@ def test_toy_model_loss_decreases(tmp_path, mesh_shape, layout, mesh_impl,
   assert sorted(losses) == [1, 15, 30]
   assert losses[30] < losses[15] < losses[1]
   assert os.path.exists(tmp_path / "checkpoint")
+
+
+def test_toy_model_use_tpu_trains_like_placement(tmp_path):
+  """--use_tpu --tpu=... on a simulated 8-core TPU slice."""
+  args = ["--mesh_shape=b:2;m:4", "--layout=batch:b;hidden_odd:m",
+          "--batch_size=16", "--io_size=8", "--hidden_size=16",
+          "--master_dtype=float32", "--train_steps=10",
+          "--steps_per_checkpoint=5", "--iterations=5"]
+  stdout = _run_example(
+      "toy_model", "--use_tpu", "--tpu=my-tpu", "--tpu_zone=us-central1-b",
+      "--gcp_project=my-project", f"--model_dir={tmp_path / 'tpu'}", *args,
+      simulated_tpu=True)
+  assert "TPUClusterResolver my-tpu us-central1-b my-project" in stdout
+  assert "mesh impl SimdMeshImpl tpu" in stdout
+  placement = _run_example("toy_model", f"--model_dir={tmp_path / 'p'}",
+                           *args)
+  tpu_losses = _toy_model_losses(stdout)
+  assert sorted(tpu_losses) == [1, 5, 10]
+  assert tpu_losses == pytest.approx(_toy_model_losses(placement), rel=1e-4)
 
 
 def test_toy_model_resumes_from_model_dir(tmp_path):

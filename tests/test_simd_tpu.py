@@ -160,16 +160,21 @@ def test_make_simd_mesh_impl_without_strategy_is_host():
 # ----------------------------------------------- simulated TPU, on CPUs
 
 
-@pytest.mark.parametrize("mesh_shape,layout,l2p", CASES, ids=CASE_IDS)
-def test_simulated_tpu_matches_placement(mesh_shape, layout, l2p):
-  impl = _tpu_impl(mesh_shape, layout, l2p)
-  simulated_tpu.install(impl)
+def _assert_runs_like_placement(impl, mesh_shape, layout):
+  """The ops program on `impl` gives PlacementMeshImpl's results."""
   simd = host_tests._run(impl, "function")  # pylint: disable=protected-access
   placement = host_tests._run(  # pylint: disable=protected-access
       mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
       "function")
   host_tests.assert_same_results(simd, placement)
   assert not np.allclose(simd[0]["h"], simd[1]["h"])
+
+
+@pytest.mark.parametrize("mesh_shape,layout,l2p", CASES, ids=CASE_IDS)
+def test_simulated_tpu_matches_placement(mesh_shape, layout, l2p):
+  impl = _tpu_impl(mesh_shape, layout, l2p)
+  simulated_tpu.install(impl)
+  _assert_runs_like_placement(impl, mesh_shape, layout)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,l2p", CASES[2:], ids=CASE_IDS[2:])
@@ -182,12 +187,7 @@ def test_strategy_run_matches_placement(mesh_shape, layout, l2p):
   assert impl.collectives.name == "tpu"
   simulated_tpu.install(impl)
   with strategy.scope():  # As TPU programs are often written.
-    simd = host_tests._run(impl, "function")  # pylint: disable=protected-access
-  placement = host_tests._run(  # pylint: disable=protected-access
-      mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
-      "function")
-  host_tests.assert_same_results(simd, placement)
-  assert not np.allclose(simd[0]["h"], simd[1]["h"])
+    _assert_runs_like_placement(impl, mesh_shape, layout)
   # The strategy's replicas are the physical processors.
   index = lambda device: tf.DeviceSpec.from_string(device).device_index
   assert [index(d) for d in impl.devices] == impl.logical_to_physical
