@@ -11,6 +11,11 @@ Training runs `iterations_per_loop` steps per call of one compiled
 tf.function. The step count is the estimator's int64 "global_step",
 checkpointed with the model (it is not mtf's "global_step" variable, which
 only optimizers with schedules advance).
+
+The mesh implementation is a PlacementMeshImpl, a SimdMeshImpl with host
+collectives, or (mesh_impl "tpu") a SimdMeshImpl with TPU collectives
+whose steps run through a TPUStrategy, made once per estimator; the loop is
+the same for all three (see mesh_impls.mesh_runner).
 """
 
 import inspect
