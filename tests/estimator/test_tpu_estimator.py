@@ -94,6 +94,15 @@ def test_tpu_estimator_trains_under_a_strategy_like_placement(tmp_path,
       toy_model.predict_input_fn)]
   np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
 
+  # The TPU-trained model exports to one CPU device.
+  receiver_fn = estimator.build_raw_serving_input_receiver_fn(
+      {"x": tf.TensorSpec([toy_model.BATCH, toy_model.IO], tf.float32)})
+  path = est.export_saved_model(str(tmp_path / "export"), receiver_fn)
+  serve = tf.saved_model.load(path.decode()).signatures["serving_default"]
+  np.testing.assert_allclose(
+      serve(x=tf.constant(toy_model.INPUTS))["out"].numpy(),
+      predictions[:toy_model.BATCH], rtol=1e-5, atol=1e-6)
+
 
 def test_eval_on_tpu_false_evaluates_on_the_host(tmp_path, made_impls):
   config = estimator.RunConfig(
