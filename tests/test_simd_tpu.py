@@ -16,9 +16,9 @@ from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_topology
 from tests import simulated_tpu
-from tests import test_simd_mesh_impl as host_tests
+from tests import simd_programs
 
-BATCH, IO, HIDDEN = host_tests.BATCH, host_tests.IO, host_tests.HIDDEN
+BATCH, IO, HIDDEN = simd_programs.BATCH, simd_programs.IO, simd_programs.HIDDEN
 REVERSED = list(range(8))[::-1]
 RING = tpu_topology.auto_logical_to_physical_tpu([2, 4], [2, 2, 2])
 CASES = [
@@ -43,7 +43,7 @@ def _program(impl):
   def program(x, ints):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    outputs, update = host_tests._ops_program(mesh, x, ints)  # pylint: disable=protected-access
+    outputs, update = simd_programs.ops_program(mesh, x, ints)
     lowering = mtf.Lowering(graph, {mesh: impl})
     lowering.lowered_operation(update)
     return {k: lowering.export_to_tf_tensor(v) for k, v in outputs.items()}
@@ -67,8 +67,8 @@ def test_program_calls_tpu_collectives_in_physical_ids(mesh_shape, layout,
   impl = _tpu_impl(mesh_shape, layout, l2p)
   l2p = impl.logical_to_physical
   concrete = impl.trace_program(
-      _program(impl), tf.TensorSpec(host_tests.X.shape, tf.float32),
-      tf.TensorSpec(host_tests.INTS.shape, tf.int32))
+      _program(impl), tf.TensorSpec(simd_programs.X.shape, tf.float32),
+      tf.TensorSpec(simd_programs.INTS.shape, tf.int32))
   ops = concrete.graph.get_operations()
   types = {op.type for op in ops}
   assert "CrossReplicaSum" in types and "CollectivePermute" in types
@@ -162,11 +162,11 @@ def test_make_simd_mesh_impl_without_strategy_is_host():
 
 def _assert_runs_like_placement(impl, mesh_shape, layout):
   """The ops program on `impl` gives PlacementMeshImpl's results."""
-  simd = host_tests._run(impl, "function")  # pylint: disable=protected-access
-  placement = host_tests._run(  # pylint: disable=protected-access
+  simd = simd_programs.run_ops_program(impl, "function")
+  placement = simd_programs.run_ops_program(
       mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout),
       "function")
-  host_tests.assert_same_results(simd, placement)
+  simd_programs.assert_same_results(simd, placement)
   assert not np.allclose(simd[0]["h"], simd[1]["h"])
 
 
