@@ -427,7 +427,16 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
     return self.slicewise(fn, old_slices)
 
   def einsum(self, equation, *slices):
-    """Local einsum of slices; an override point for backends."""
+    """Local einsum of slices; an override point for backends.
+
+    mtf's equations are canonical (one letter per dimension, explicit
+    output, no ellipsis), so one or two operands go straight to the Einsum
+    op: tf.einsum would parse and validate the equation again in Python for
+    every slice, a large share of PlacementMeshImpl's lowering time on big
+    meshes. More operands take tf.einsum's contraction-order search.
+    """
+    if len(slices) <= 2:
+      return tf.raw_ops.Einsum(inputs=list(slices), equation=equation)
     return tf.einsum(equation, *slices)
 
   def make_slices(self, tf_tensor, tensor_shape):
