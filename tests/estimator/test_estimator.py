@@ -14,16 +14,8 @@ from mesh_tensorflow import estimator
 from tests.estimator import toy_model
 
 
-def _variables(est):
-  return {name: est.get_variable_value(name)
-          for name in est.get_variable_names()}
-
-
-def _assert_same_variables(a, b, rtol=1e-5):
-  assert sorted(a) == sorted(b)
-  for name in a:
-    np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=1e-7,
-                               err_msg=name)
+_variables = toy_model.variables
+_assert_same_variables = toy_model.assert_same_variables
 
 
 def test_train_evaluate_predict_and_resume(tmp_path):

@@ -43,17 +43,9 @@ def fixture_made_impls(monkeypatch):
   return made
 
 
-def _variables(est):
-  return {name: est.get_variable_value(name)
-          for name in est.get_variable_names()}
-
-
 def _assert_trained_alike(est, reference):
-  got, want = _variables(est), _variables(reference)
-  assert sorted(got) == sorted(want)
-  for name in want:
-    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7,
-                               err_msg=name)
+  toy_model.assert_same_variables(toy_model.variables(est),
+                                  toy_model.variables(reference))
   assert est.evaluate(toy_model.eval_input_fn)["loss"] == pytest.approx(
       reference.evaluate(toy_model.eval_input_fn)["loss"], rel=1e-5)
 

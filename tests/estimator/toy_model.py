@@ -77,3 +77,17 @@ def make_estimator(model_dir, mesh_shape="b:2;m:4",
                                **config_kwargs)
   return estimator.Estimator(model_fn, config=config,
                              params={"learning_rate": 0.1})
+
+
+def variables(est):
+  """{name: value} of every variable in est's latest checkpoint."""
+  return {name: est.get_variable_value(name)
+          for name in est.get_variable_names()}
+
+
+def assert_same_variables(a, b, rtol=1e-5):
+  """Two `variables` dicts hold the same names and values (to round-off)."""
+  assert sorted(a) == sorted(b)
+  for name in a:
+    np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=1e-7,
+                               err_msg=name)
