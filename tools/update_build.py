@@ -185,11 +185,17 @@ def generate():
   rule("py_library", "mtf_testing", test_support, ["    testonly = True,"])
   for f in test_helpers:
     rule("py_library", _target_name(f), [f], ["    testonly = True,"])
+  data_files = _sources("tests/data/*")
   for f in test_files:
     rel = f.relative_to(ROOT)
+    extra = ['    main = "tests/bazel_pytest_main.py",',
+             f'    args = ["$(location {rel})"],', '    size = "medium",']
+    data = [d for d in data_files if d.name in f.read_text()]
+    if data:
+      names = ", ".join(f'"{d.relative_to(ROOT)}"' for d in data)
+      extra.append(f"    data = [{names}],")
     rule("py_test", _target_name(f), [f, ROOT / "tests/bazel_pytest_main.py"],
-         ['    main = "tests/bazel_pytest_main.py",',
-          f'    args = ["$(location {rel})"],', '    size = "medium",'])
+         extra)
   for f in binaries:
     is_main = "__main__" in f.read_text()
     rule("py_binary" if is_main else "py_library", _target_name(f), [f])
