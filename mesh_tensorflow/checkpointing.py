@@ -113,7 +113,7 @@ class SlicedVariableNode(ScopeNode):
 
   def blocks(self):
     """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
-    full = self._shape.to_integer_list()
+    full = self._shape.to_integer_list
     size = self._mesh_impl.slice_shape(self._shape)
     blocks = {}
     for pnum in range(self._mesh_impl.size):

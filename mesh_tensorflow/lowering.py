@@ -204,7 +204,7 @@ def variable_size_table(variables, mesh_to_impl):
     impl = mesh_to_impl.get(v.mesh)
     per_slice = impl.slice_size(v.shape) if impl is not None else v.size
     total += v.size
-    lines.append(f"  {v.name:40s} {str(v.shape.to_integer_list()):24s} "
+    lines.append(f"  {v.name:40s} {str(v.shape.to_integer_list):24s} "
                  f"{v.size:>12d} {per_slice:>12d}")
   lines.append(f"  total: {total} elements in {len(variables)} variables")
   return lines

@@ -223,7 +223,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
       for mesh_axis in range(self.ndims):
         if mesh_axis in split_axes:
           stride = shape_lib.list_product(
-              self._shape.to_integer_list()[mesh_axis + 1:])
+              self._shape.to_integer_list[mesh_axis + 1:])
           num = num * self._shape[mesh_axis].size + (
               pnum // stride) % self._shape[mesh_axis].size
       return num
@@ -393,7 +393,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
   def laid_out_pcoord(self, mesh_axis):
     """A laid-out integer: each processor's coordinate along `mesh_axis`."""
     stride = shape_lib.list_product(
-        self._shape.to_integer_list()[mesh_axis + 1:])
+        self._shape.to_integer_list[mesh_axis + 1:])
     size = self._shape[mesh_axis].size
     return self.slicewise(lambda pnum: (pnum // stride) % size,
                           self.laid_out_pnum())
@@ -449,7 +449,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
       begin = tuple(self.slice_begin(tensor_shape, pnum))
       if begin not in by_begin:
         by_begin[begin] = (
-            tf_tensor if slice_shape == tensor_shape.to_integer_list() else
+            tf_tensor if slice_shape == tensor_shape.to_integer_list else
             tf.slice(tf_tensor, list(begin), slice_shape))
       result.append(by_begin[begin])
     return result

@@ -216,7 +216,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
   def random(self, shape, distribution, seed, dtype=tf.float32, **params):
     """Each processor computes its own slice (see MeshImpl.random)."""
     shape = shape_lib.convert_to_shape(shape)
-    full_shape = shape.to_integer_list()
+    full_shape = shape.to_integer_list
     slice_shape = self.slice_shape(shape)
     out = []
     for pnum, device in enumerate(self._devices):

@@ -67,4 +67,4 @@ def _sizes(mesh_shape):
   if isinstance(mesh_shape, (list, tuple)) and all(
       isinstance(s, int) for s in mesh_shape):
     return list(mesh_shape)
-  return shape_lib.convert_to_shape(mesh_shape).to_integer_list()
+  return shape_lib.convert_to_shape(mesh_shape).to_integer_list

@@ -179,7 +179,10 @@ class Shape(_Immutable):
   def to_string(self):
     return "Shape[{}]".format(", ".join(f"{d.name}={d.size}" for d in self))
 
+  @property
   def to_integer_list(self):
+    """The sizes of the dimensions, in order (a property, as in the
+    original)."""
     return [d.size for d in self._dims]
 
   @property

@@ -303,7 +303,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
   def _pcoord(self, mesh_axis):
     stride = shape_lib.list_product(
-        self.shape.to_integer_list()[mesh_axis + 1:])
+        self.shape.to_integer_list[mesh_axis + 1:])
     return (self.pnum_tensor // stride) % self.shape[mesh_axis].size
 
   def _slice_begin_tensor(self, tensor_shape):
@@ -384,7 +384,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     shape = shape_lib.convert_to_shape(shape)
     x = tf.convert_to_tensor(x)
     slice_shape = self.slice_shape(shape)
-    if slice_shape == shape.to_integer_list():
+    if slice_shape == shape.to_integer_list:
       return LaidOutTensor([x])
     begin = tf.stack([tf.cast(b, tf.int32)
                       for b in self._slice_begin_tensor(shape)])
@@ -405,7 +405,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def random(self, shape, distribution, seed, dtype=tf.float32, **params):
     shape = shape_lib.convert_to_shape(shape)
     return LaidOutTensor([stateless_random.sample(
-        distribution, seed, shape.to_integer_list(), self.slice_shape(shape),
+        distribution, seed, shape.to_integer_list, self.slice_shape(shape),
         self._slice_begin_tensor(shape), dtype=dtype, **params)])
 
   # ------------------------------------------------------------ variables

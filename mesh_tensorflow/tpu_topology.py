@@ -35,7 +35,7 @@ from mesh_tensorflow import shape as shape_lib
 def _check_shape(arg_name, shape, allow_empty=True):
   """Returns `shape` as a list of positive ints, or raises naming `arg_name`."""
   if isinstance(shape, shape_lib.Shape):
-    return shape.to_integer_list()
+    return shape.to_integer_list
   if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
     raise ValueError(
         f"{arg_name} must be a list of positive integers, got {shape!r}.")

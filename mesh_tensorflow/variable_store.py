@@ -151,7 +151,7 @@ def default_initializer(name):
 
 def initial_value(variable):
   """The full initial value of mtf `variable`, in its master dtype."""
-  shape = variable.shape.to_integer_list()
+  shape = variable.shape.to_integer_list
   dtype = variable.master_dtype
   init = variable.initializer
   if init is None:

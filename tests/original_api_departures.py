@@ -32,7 +32,6 @@ PENDING = {
     "mesh_tensorflow.RandomOperation",
     "mesh_tensorflow.ReadVariable",
     "mesh_tensorflow.ScalarSummaryOperation",
-    "mesh_tensorflow.Shape",
     "mesh_tensorflow.SlicewiseOperation",
     "mesh_tensorflow.StackedVariable",
     "mesh_tensorflow.StopGradient",

@@ -153,7 +153,7 @@ def test_conv1d_matches_keras(mesh_shape, layout, mode, stride, padding):
   got, graph = _run(mesh_shape, layout, mode, build)
   y_shape = got["y"].shape
   assert y_shape == (8, out_len, 4)
-  assert graph.name_to_variable["c1/kernel"].shape.to_integer_list() == [
+  assert graph.name_to_variable["c1/kernel"].shape.to_integer_list == [
       1, 3, 3, 4]
   got["d_kernel"] = got["d_kernel"].reshape([3, 3, 4])
   keras_conv = tf.keras.layers.Conv1D(

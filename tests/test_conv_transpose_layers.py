@@ -92,7 +92,7 @@ def test_conv2d_transpose(mesh_shape, layout, mode, filter_size, padding):
   got, cotangent, kshape = _run_layer(
       mesh_shape, layout, mode, layer, "conv2d_transpose/kernel", X2,
       [BATCH, H, W, CIN], kernel, [4, out_h, 6, 2], 3)
-  assert kshape.to_integer_list() == [filter_size, 2, 2, 4]
+  assert kshape.to_integer_list == [filter_size, 2, 2, 4]
   assert kshape.dimension_names == ["fh", "fw", "cout", "cin"]
 
   def tf_fn(x, k):

@@ -34,7 +34,7 @@ def test_convert_to_dimension(value, expected):
 def test_convert_to_shape(value):
   shape = mtf.convert_to_shape(value)
   assert shape.dims == [mtf.Dimension("a", 4), mtf.Dimension("b", 8)]
-  assert shape.to_integer_list() == [4, 8]
+  assert shape.to_integer_list == [4, 8]
   assert shape.dimension_names == ["a", "b"]
 
 

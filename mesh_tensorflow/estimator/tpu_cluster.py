@@ -62,5 +62,5 @@ def connect(cluster, mesh_shape):
   strategy = tf.distribute.TPUStrategy(
       cluster, experimental_device_assignment=device_assignment)
   logical_to_physical = tpu_topology.auto_logical_to_physical_tpu(
-      mesh_shape.to_integer_list(), physical_shape)
+      mesh_shape.to_integer_list, physical_shape)
   return strategy, logical_to_physical

@@ -23,10 +23,10 @@ class ImportOperation(graph_lib.Operation):
             for s, d in zip(static.as_list(), shape))):
       raise errors.ShapeError(
           f"import {self.name!r}: the tf.Tensor has shape {static.as_list()} "
-          f"but the mtf shape {shape} needs {shape.to_integer_list()}.")
+          f"but the mtf shape {shape} needs {shape.to_integer_list}.")
     if not static.is_fully_defined():
       # Slices need static shapes; this also checks the runtime shape.
-      tf_tensor = tf.ensure_shape(tf_tensor, shape.to_integer_list())
+      tf_tensor = tf.ensure_shape(tf_tensor, shape.to_integer_list)
     self._tf_tensor = tf_tensor
     self._outputs = [graph_lib.Tensor(self, shape, tf_tensor.dtype)]
 
@@ -142,7 +142,7 @@ class Constant(graph_lib.Operation):
     super().__init__([], mesh=mesh, name=name or "constant")
     shape = shape_lib.convert_to_shape(shape)
     self._value = np.asarray(value, dtype=tf.as_dtype(dtype).as_numpy_dtype)
-    if self._value.ndim and list(self._value.shape) != shape.to_integer_list():
+    if self._value.ndim and list(self._value.shape) != shape.to_integer_list:
       raise errors.ShapeError(
           f"constant {self.name!r}: value of shape {list(self._value.shape)} "
           f"does not match {shape}.")

@@ -54,7 +54,7 @@ class ReshapeOperation(graph_lib.Operation):
     x = x.to_laid_out_tensor()
     # `current` tracks, per old tensor axis, the mesh axis splitting it.
     current = list(impl.tensor_layout(old_shape))
-    mesh_sizes = impl.shape.to_integer_list()
+    mesh_sizes = impl.shape.to_integer_list
 
     def splittable_old_axis(mesh_axis):
       """The unsplit old axis that starts where the new split starts."""

@@ -61,7 +61,7 @@ def test_import_default_shape_and_errors():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   x = mtf.import_tf_tensor(mesh, tf.zeros([2, 3]))
-  assert x.shape.to_integer_list() == [2, 3]
+  assert x.shape.to_integer_list == [2, 3]
   with pytest.raises(mtf.ShapeError, match=r"\[2, 3\]"):
     mtf.import_tf_tensor(mesh, tf.zeros([2, 3]), "a:3,b:2")
   with pytest.raises(mtf.ShapeError, match=r"\[2, 3\]"):

@@ -128,7 +128,7 @@ def test_reshape_collectives(mesh_shape, layout, old, new, calls):
   lowering = mtf.Lowering(graph, {mesh: impl})
   assert impl.calls == calls
   np.testing.assert_allclose(lowering.export_to_tf_tensor(y),
-                             x.reshape(new_shape.to_integer_list()))
+                             x.reshape(new_shape.to_integer_list))
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode",

@@ -135,7 +135,7 @@ def test_output_shapes():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   x = mtf.zeros(mesh, "a:8,b:6")
-  assert [t.shape.to_integer_list() for t in mtf.split(x, "b", [1, 5])] == [
+  assert [t.shape.to_integer_list for t in mtf.split(x, "b", [1, 5])] == [
       [8, 1], [8, 5]]
   assert mtf.stack([x, x, x], "s", axis=-1).shape == mtf.Shape(
       [mtf.Dimension("a", 8), mtf.Dimension("b", 6), mtf.Dimension("s", 3)])
