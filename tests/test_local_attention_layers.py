@@ -3,7 +3,7 @@
 Local attention exists to split a long dimension: every layer is checked
 with its blocks (or length) dimension split across the mesh, where halo
 exchange must reproduce the one-processor answer, as well as with heads or
-batch split, in eager and tf.function mode (graph mode where cheap).
+batch split, in eager and tf.function mode (graph and SIMD modes where cheap).
 Decoding (`masked_local_attention_1d_incremental`) is checked step by step
 against the full-sequence layer.
 """
@@ -83,6 +83,7 @@ def _np_masked_local_1d(x, wq, wk, wv, wo, window_size, block_length):
                              ("all:2", "heads:all", 4, 2, "function"),
                              ("all:2", "length:all", 4, 2, "eager"),
                              ("all:2", "length:all", 4, 4, "function"),
+                             ("all:2", "length:all", 4, 2, "simd"),
                              ("rows:2;cols:4", "batch:rows;length:cols", 2, 3,
                               "eager"),
                              ("rows:2;cols:4", "heads:rows;length:cols", 2, 1,
@@ -240,7 +241,7 @@ VB = _rand([2, 4, 2, 3], 21)
 @pytest.mark.parametrize("mask_right", [True, False])
 @pytest.mark.parametrize("mesh_shape,layout,mode", _ids([
     ("all:1", "", "eager"), ("all:4", "blocks:all", "function"),
-    ("all:4", "blocks:all", "graph"),
+    ("all:4", "blocks:all", "graph"), ("all:4", "blocks:all", "simd"),
     ("rows:2;cols:2", "batch:rows;blocks:cols", "eager")]))
 def test_local_1d_halo_exchange(mesh_shape, layout, mode, mask_right):
   def build_fn(mesh, t):
@@ -292,7 +293,8 @@ def _np_halo_2d(t, mask_right):
 @pytest.mark.parametrize("mesh_shape,layout,mode", _ids([
     ("all:1", "", "eager"), ("all:2", "h_blocks:all", "function"),
     ("rows:2;cols:2", "h_blocks:rows;w_blocks:cols", "eager"),
-    ("rows:2;cols:2", "h_blocks:rows;w_blocks:cols", "graph")]))
+    ("rows:2;cols:2", "h_blocks:rows;w_blocks:cols", "graph"),
+    ("rows:2;cols:2", "h_blocks:rows;w_blocks:cols", "simd")]))
 def test_local_2d_halo_exchange(mesh_shape, layout, mode, mask_right):
   def build_fn(mesh, t):
     del mesh
