@@ -2,8 +2,9 @@
 
 Pure mtf code, as in the original `mesh_tensorflow/layers.py`: functions take
 and return mtf Tensors and create their variables with `mtf.get_variable`
-inside a `tf.compat.v1.variable_scope`, so a multihead attention layer owns
-"multihead_attention/q", ".../k", ".../v" and ".../o".
+inside a `tf.compat.v1.variable_scope`. As in the original, a multihead
+attention layer owns one variable "multihead_attention/qkvo" [4, heads,
+io_channels, kv_channels] (`multihead_attention_vars`).
 
 Masks are additive biases: 0 where attention is allowed and -1e9 where it is
 not. Queries run along a dimension named "length" and memories along one
@@ -12,7 +13,8 @@ named "memory_length"; `rename_length_to_memory_length` converts.
 `mesh_tensorflow.layers` re-exports the public functions, so users call
 e.g. `mtf.layers.multihead_attention`. This module imports `mesh_tensorflow`
 only inside functions, because `layers` imports it while `mesh_tensorflow`
-itself is still being imported.
+itself is still being imported. Local (blocked) attention lives in
+`local_attention_layers`.
 """
 
 import tensorflow as tf
@@ -22,11 +24,14 @@ __all__ = [
     "attention_mask_autoregressive",
     "attention_mask_ignore_padding",
     "attention_mask_same_segment",
+    "compress_mean",
     "dot_product_attention",
-    "masked_local_attention_1d",
     "multihead_attention",
     "multihead_attention_params",
+    "multihead_attention_vars",
+    "multihead_encdec_attention_incremental",
     "multihead_self_attention_incremental",
+    "multihead_self_attention_memory_compressed",
     "rename_length_to_memory_length",
 ]
 
@@ -126,9 +131,8 @@ def attention_bias_local_block(mesh, block_length, memory_length,
   return mtf.cast(mask, tf.float32) * _MASKED
 
 
-def dot_product_attention(q, k, v, mask, dropout=0.0,
-                          dropout_broadcast_dims=None, extra_logit=None,
-                          is_training=False):
+def dot_product_attention(q, k, v, mask, is_training=False, dropout=0.0,
+                          dropout_broadcast_dims=None, extra_logit=None):
   """softmax(q k + mask) v over the memory dimension.
 
   Args:
@@ -137,11 +141,11 @@ def dot_product_attention(q, k, v, mask, dropout=0.0,
     v: an mtf Tensor [..., length_kv, depth_v].
     mask: an additive bias broadcastable to the logits
       [..., length_q, length_kv], or None.
+    is_training: dropout is applied only when training.
     dropout: the rate of dropout on the attention weights.
     dropout_broadcast_dims: Dimensions over which the dropout mask is shared.
     extra_logit: optional float: a logit for an extra, always-zero memory
       position (lets a query attend to nothing).
-    is_training: dropout is applied only when training.
 
   Returns:
     an mtf Tensor [..., length_q, depth_v].
@@ -164,7 +168,7 @@ def dot_product_attention(q, k, v, mask, dropout=0.0,
   if is_training and dropout != 0.0:
     broadcast_dims = layers._as_list(  # pylint: disable=protected-access
         dropout_broadcast_dims)
-    weights = mtf.dropout(weights, rate=dropout,
+    weights = mtf.dropout(weights, is_training, rate=dropout,
                           noise_shape=weights.shape - broadcast_dims)
   depth_v = v.shape.dims[-1]
   return mtf.einsum([weights, v], mtf.Shape(q.shape.dims[:-1] + [depth_v]))
@@ -182,10 +186,11 @@ def multihead_attention_params(mesh, heads, io_channels, kv_channels,
                                variable_dtype, combine=False):
   """The variables of a multihead attention layer, in the current scope.
 
-  "q", "k" and "v" have shape [io_channels, heads, kv_channels] and "o"
-  [heads, kv_channels, io_channels]. They are normal with standard
+  As in the original, all four have shape [heads, io_channels, kv_channels]
+  (einsum does not mind the order). They are normal with standard
   deviations io^-0.5 kv^-0.25 (q, k: the logits get variance ~1), io^-0.5
-  (v) and (heads kv)^-0.5 (o), seeded by the variables' scoped names.
+  (v) and (io heads)^-0.5 (o, the original's choice), seeded by the
+  variables' scoped names so every layout and trace starts alike.
 
   Args:
     mesh: an mtf Mesh.
@@ -194,17 +199,18 @@ def multihead_attention_params(mesh, heads, io_channels, kv_channels,
     kv_channels: the per-head key/value Dimension.
     variable_dtype: an mtf.VariableDType.
     combine: one variable "qkvo" [qkvo(4), heads, io_channels, kv_channels]
-      instead of four (fewer, larger variables), unstacked here; "o" is then
-      laid out [heads, io_channels, kv_channels], which einsum does not mind.
+      instead of four "q", "k", "v", "o" (fewer, larger variables),
+      unstacked here.
 
   Returns:
-    (q, k, v, o) mtf Tensors in variable_dtype.activation_dtype.
+    (wq, wk, wv, wo) mtf Tensors in variable_dtype.activation_dtype.
   """
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   qk_stddev = (io_channels.size ** -0.5) * (kv_channels.size ** -0.25)
   v_stddev = io_channels.size ** -0.5
-  o_stddev = (heads.size * kv_channels.size) ** -0.5
+  o_stddev = (io_channels.size * heads.size) ** -0.5
+  shape = mtf.Shape([heads, io_channels, kv_channels])
   if combine:
     qkvo = mtf.Dimension("qkvo", 4)
     seed = layers._name_seed("qkvo")  # pylint: disable=protected-access
@@ -217,22 +223,37 @@ def multihead_attention_params(mesh, heads, io_channels, kv_channels,
       values = tf.random.stateless_normal(shape, seed=[seed, 2]) * stddevs
       return tf.cast(values, dtype)
 
-    var = mtf.get_variable(
-        mesh, "qkvo", mtf.Shape([qkvo, heads, io_channels, kv_channels]),
-        initializer=qkvo_initializer, dtype=variable_dtype)
+    var = mtf.get_variable(mesh, "qkvo", mtf.Shape([qkvo]) + shape,
+                           initializer=qkvo_initializer, dtype=variable_dtype)
     params = mtf.unstack(var, qkvo)
   else:
-    in_shape = mtf.Shape([io_channels, heads, kv_channels])
     params = []
-    for name, stddev, shape in [
-        ("q", qk_stddev, in_shape), ("k", qk_stddev, in_shape),
-        ("v", v_stddev, in_shape),
-        ("o", o_stddev, mtf.Shape([heads, kv_channels, io_channels]))]:
+    for name, stddev in [("q", qk_stddev), ("k", qk_stddev),
+                         ("v", v_stddev), ("o", o_stddev)]:
       init = _normal_initializer(
           stddev, layers._name_seed(name))  # pylint: disable=protected-access
       params.append(mtf.get_variable(mesh, name, shape, initializer=init,
                                      dtype=variable_dtype))
   return tuple(mtf.cast(p, variable_dtype.activation_dtype) for p in params)
+
+
+def multihead_attention_vars(mesh, heads, io_channels, kv_channels,
+                             master_dtype, slice_dtype, activation_dtype):
+  """`multihead_attention_params(..., combine=True)` with the dtypes given
+  one by one (the original's older interface): one variable "qkvo"."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  return multihead_attention_params(
+      mesh, heads, io_channels, kv_channels,
+      mtf.VariableDType(master_dtype, slice_dtype, activation_dtype),
+      combine=True)
+
+
+def _attention_vars(x, heads, kv_channels, master_dtype, slice_dtype):
+  """`multihead_attention_vars` for input x, whose last dim is io."""
+  return multihead_attention_vars(
+      x.mesh, heads, x.shape.dims[-1], kv_channels,
+      tf.float32 if master_dtype is None else master_dtype,
+      slice_dtype, x.dtype)
 
 
 def multihead_attention(query_antecedent, memory_antecedent, mask,
@@ -241,6 +262,9 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
                         slice_dtype=tf.float32, name="multihead_attention"):
   """Multihead dot-product attention with its own variables (unscaled:
   the q and k initializers carry the 1/sqrt(kv) factor).
+
+  Variables: f"{name}/qkvo" (`multihead_attention_vars`), as in the
+  original.
 
   Args:
     query_antecedent: an mtf Tensor [batch_dims..., query_length,
@@ -282,23 +306,26 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
     raise mtf.ShapeError(
         f"multihead_attention: memory_antecedent channels {memory_channels} "
         f"differ from query_antecedent channels {io_channels}.")
-  variable_dtype = mtf.VariableDType(master_dtype, slice_dtype,
-                                     query_antecedent.dtype)
   with layers._variable_scope(  # pylint: disable=protected-access
       query_antecedent.mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = multihead_attention_params(
-        query_antecedent.mesh, heads, io_channels, kv_channels,
-        variable_dtype)
+    wq, wk, wv, wo = _attention_vars(query_antecedent, heads, kv_channels,
+                                     master_dtype, slice_dtype)
     q = mtf.einsum([query_antecedent, wq],
                    mtf.Shape(batch_dims + [heads, query_length, kv_channels]))
     k = mtf.einsum([memory_antecedent, wk],
                    mtf.Shape(batch_dims + [heads, memory_length, kv_channels]))
     v = mtf.einsum([memory_antecedent, wv],
                    mtf.Shape(batch_dims + [heads, memory_length, kv_channels]))
-    o = dot_product_attention(q, k, v, mask, dropout=dropout,
-                              dropout_broadcast_dims=dropout_broadcast_dims,
-                              is_training=is_training)
+    o = dot_product_attention(q, k, v, mask, is_training, dropout,
+                              dropout_broadcast_dims)
     return mtf.einsum([o, wo], query_antecedent.shape)
+
+
+def _as_step(mesh, step_num):
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  if isinstance(step_num, mtf.Tensor):
+    return step_num
+  return mtf.constant(mesh, step_num, mtf.Shape([]), dtype=tf.int32)
 
 
 def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
@@ -307,7 +334,7 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
                                          name="multihead_attention"):
   """One decoding step of autoregressive multihead self-attention.
 
-  Uses the same variables as `multihead_attention` with the same `name`.
+  Uses the variables of `multihead_attention` with the same `name`.
 
   Args:
     query_antecedent: an mtf Tensor [batch_dims..., io_channels], this
@@ -326,17 +353,13 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   batch_dims = query_antecedent.shape.dims[:-1]
-  io_channels = query_antecedent.shape.dims[-1]
   heads, memory_length, kv_channels = prev_k.shape.dims[-3:]
   mesh = query_antecedent.mesh
-  if not isinstance(step_num, mtf.Tensor):
-    step_num = mtf.constant(mesh, step_num, mtf.Shape([]), dtype=tf.int32)
-  variable_dtype = mtf.VariableDType(master_dtype, slice_dtype,
-                                     query_antecedent.dtype)
+  step_num = _as_step(mesh, step_num)
   with layers._variable_scope(  # pylint: disable=protected-access
       mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = multihead_attention_params(
-        mesh, heads, io_channels, kv_channels, variable_dtype)
+    wq, wk, wv, wo = _attention_vars(query_antecedent, heads, kv_channels,
+                                     master_dtype, slice_dtype)
     step_shape = mtf.Shape(batch_dims + [heads, kv_channels])
     q = mtf.einsum([query_antecedent, wq], step_shape)
     k = mtf.einsum([query_antecedent, wk], step_shape)
@@ -351,82 +374,120 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
     return mtf.einsum([o, wo], query_antecedent.shape), k, v
 
 
-def masked_local_attention_1d(x, kv_channels, heads, window_size=128,
-                              master_dtype=tf.float32,
-                              slice_dtype=tf.float32, length_per_split=None,
-                              name="multihead_attention"):
-  """Causal local self-attention: position i attends to [i - window, i].
+def multihead_encdec_attention_incremental(query_antecedent, wq, wo, k, v,
+                                           mask, name="multihead_attention"):
+  """One decoding step of attention over an encoded memory.
 
-  The sequence is cut into blocks of at least `window_size` positions; each
-  block attends to itself and the last `window_size` positions of the block
-  before (`mtf.left_halo_exchange`, so a split length dimension only talks
-  to its neighbour). Variables are those of `multihead_attention`.
+  The memory's keys and values are computed once, before decoding (e.g.
+  from `multihead_attention_vars` and the encoder output); each step only
+  projects its query.
+
+  Args:
+    query_antecedent: an mtf Tensor query_dims + [io_channels].
+    wq: the query weights [heads, io_channels, kv_channels].
+    wo: the output weights [heads, io_channels, kv_channels].
+    k: the memory keys memory_dims + [heads, memory_length, kv_channels];
+      memory_dims are a subset of query_dims.
+    v: the memory values, shaped as k.
+    mask: an additive bias broadcastable to the logits, or None.
+    name: the name scope (no variables are created).
+
+  Returns:
+    an mtf Tensor of query_antecedent's shape.
+  """
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  del name  # No variables: the scope would name nothing.
+  heads, _, kv_channels = k.shape.dims[-3:]
+  query_dims = query_antecedent.shape.dims[:-1]
+  q = mtf.einsum([query_antecedent, wq],
+                 mtf.Shape(query_dims + [heads, kv_channels]))
+  o = dot_product_attention(q, k, v, mask)
+  return mtf.einsum([o, wo], query_antecedent.shape)
+
+
+def compress_mean(x, dim, compression_factor):
+  """x with `dim` shortened by averaging groups of compression_factor
+  consecutive positions.
+
+  Args:
+    x: an mtf Tensor.
+    dim: a Dimension of x.
+    compression_factor: a positive int dividing dim.size.
+
+  Returns:
+    an mtf Tensor like x with dim of size dim.size // compression_factor
+    (same name).
+
+  Raises:
+    ShapeError: dim is not a dimension of x, or compression_factor does not
+      divide it.
+  """
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  dims = x.shape.dims
+  if dim not in dims:
+    raise mtf.ShapeError(f"compress_mean: {dim} is not a dimension of "
+                         f"{x.name} {x.shape}.")
+  if compression_factor < 1 or dim.size % compression_factor:
+    raise mtf.ShapeError(
+        f"compress_mean of {x.name} {x.shape}: compression_factor "
+        f"{compression_factor} must be a positive divisor of {dim}.")
+  pos = dims.index(dim)
+  compressed = mtf.Dimension(dim.name, dim.size // compression_factor)
+  factor = mtf.Dimension("compression_factor", compression_factor)
+  x = mtf.reshape(x, mtf.Shape(dims[:pos] + [compressed, factor]
+                               + dims[pos + 1:]))
+  return mtf.reduce_mean(x, reduced_dim=factor)
+
+
+def multihead_self_attention_memory_compressed(
+    x, mask_right, compression_factor, kv_channels, heads, is_training=False,
+    dropout=0.0, dropout_broadcast_dims=None, master_dtype=tf.float32,
+    slice_dtype=tf.float32, name="multihead_attention"):
+  """Self-attention to a memory shortened by `compress_mean`.
+
+  The memory is x averaged over groups of compression_factor positions;
+  with mask_right, a query sees only the groups that end at or before it.
+  An extra zero logit lets a query attend to nothing (the first positions
+  see no complete group). Variables: f"{name}/qkvo".
 
   Args:
     x: an mtf Tensor [batch_dims..., length, io_channels].
+    mask_right: whether to hide groups that end after the query.
+    compression_factor: an int dividing length.
     kv_channels: the per-head key/value Dimension.
     heads: the heads Dimension.
-    window_size: how many earlier positions each position sees.
+    is_training: dropout is applied only when training.
+    dropout: the rate of dropout on the attention weights.
+    dropout_broadcast_dims: Dimensions over which the dropout mask is shared.
     master_dtype, slice_dtype: the variables' dtypes.
-    length_per_split: the length each processor holds when length is split
-      (blocks must not straddle processors); default the whole length.
-    name: the variable scope; None for "multihead_attention" made unique.
+    name: the variable scope; None for "compressed_attention" made unique.
 
   Returns:
     an mtf Tensor of x's shape.
-
-  Raises:
-    ShapeError: no block size of at least window_size divides
-      length_per_split.
   """
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   batch_dims = x.shape.dims[:-2]
   length, io_channels = x.shape.dims[-2:]
-  if length_per_split is None:
-    length_per_split = length.size
-  block_sizes = [b for b in range(max(window_size, 1), length_per_split + 1)
-                 if length_per_split % b == 0 and length.size % b == 0]
-  if not block_sizes:
-    raise mtf.ShapeError(
-        f"masked_local_attention_1d of {x.name} {x.shape}: no block of at "
-        f"least window_size={window_size} positions divides "
-        f"length_per_split={length_per_split} and {length}; use a smaller "
-        "window_size.")
-  block_size = block_sizes[0]
-  blocks_dim = mtf.Dimension("num_blocks", length.size // block_size)
-  block_dim = mtf.Dimension(length.name, block_size)
-  memory_dim = mtf.Dimension("memory_length", block_size + window_size)
-  mesh = x.mesh
-  variable_dtype = mtf.VariableDType(master_dtype, slice_dtype, x.dtype)
   with layers._variable_scope(  # pylint: disable=protected-access
-      mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = multihead_attention_params(
-        mesh, heads, io_channels, kv_channels, variable_dtype)
-    x = mtf.reshape(x, mtf.Shape(batch_dims + [blocks_dim, block_dim,
-                                               io_channels]))
-    qkv_shape = mtf.Shape(batch_dims + [heads, blocks_dim, block_dim,
-                                        kv_channels])
-
-    def memory(w):
-      m = mtf.einsum([x, w], qkv_shape)
-      m = mtf.left_halo_exchange(m, blocks_dim, block_dim, window_size)
-      return mtf.rename_dimension(m, block_dim.name, memory_dim.name)
-
-    q = mtf.einsum([x, wq], qkv_shape)
-    k = memory(wk)
-    v = memory(wv)
-    # Query r of block n sits at n * block + r, memory m at
-    # n * block - window + m: visible when r <= m <= r + window and the
-    # memory position is not before the sequence start.
-    r = mtf.range(mesh, block_dim, tf.int32)
-    m = mtf.range(mesh, memory_dim, tf.int32)
-    n = mtf.range(mesh, blocks_dim, tf.int32)
-    hidden = (mtf.cast(mtf.less(m, r), tf.int32)
-              + mtf.cast(mtf.greater(m - r, window_size), tf.int32)
-              + mtf.cast(mtf.less(n * block_size + m, window_size), tf.int32))
-    mask = mtf.cast(mtf.greater(hidden, 0), q.dtype) * _MASKED
-    o = dot_product_attention(q, k, v, mask)
-    y = mtf.einsum([o, wo], mtf.Shape(batch_dims + [blocks_dim, block_dim,
-                                                    io_channels]))
-    return mtf.reshape(y, mtf.Shape(batch_dims + [length, io_channels]))
+      x.mesh, name, "compressed_attention"):
+    wq, wk, wv, wo = _attention_vars(x, heads, kv_channels, master_dtype,
+                                     slice_dtype)
+    memory = compress_mean(x, length, compression_factor)
+    memory = rename_length_to_memory_length(memory, length.name)
+    memory_length = memory.shape.dims[-2]
+    q = mtf.einsum([x, wq],
+                   mtf.Shape(batch_dims + [heads, length, kv_channels]))
+    kv_shape = mtf.Shape(batch_dims + [heads, memory_length, kv_channels])
+    k = mtf.einsum([memory, wk], kv_shape)
+    v = mtf.einsum([memory, wv], kv_shape)
+    mask = None
+    if mask_right:
+      query_pos = mtf.range(x.mesh, length, dtype=tf.int32)
+      # A group ends at its last position.
+      memory_pos = (mtf.range(x.mesh, memory_length, dtype=tf.int32)
+                    * compression_factor + (compression_factor - 1))
+      mask = mtf.cast(mtf.greater(memory_pos, query_pos), x.dtype) * _MASKED
+    o = dot_product_attention(q, k, v, mask, is_training, dropout,
+                              dropout_broadcast_dims, extra_logit=0.0)
+    return mtf.einsum([o, wo], mtf.Shape(batch_dims + [length, io_channels]))

@@ -60,6 +60,43 @@ def _as_list(dims):
   return [dims]
 
 
+def unit_scaling_convention(value=False):
+  """Whether layers follow the unit-scaling convention (default: no).
+
+  Under the convention, weights start with unit variance and the outputs of
+  contractions (`us_einsum`, hence `dense`) are divided by the square root of
+  the product of the contracted dimensions' sizes: the scaling that keeps
+  activations at RMS ~1 moves from the parameters to the activations, so
+  optimizers see parameters of one scale.
+
+  The original makes this function gin-configurable. Gin belongs to the
+  Transformer package here: it binds `value` by replacing this module's
+  `unit_scaling_convention` with a configured version; callers in this
+  module look the name up at call time, so the binding takes effect.
+
+  Args:
+    value: a boolean.
+
+  Returns:
+    value.
+  """
+  return value
+
+
+def us_einsum(xs, *args, **kwargs):
+  """`mtf.einsum(xs, *args, **kwargs)`, divided by the square root of the
+  contracted size when `unit_scaling_convention()` is on.
+
+  The contracted dimensions are those of the inputs that the output lacks.
+  """
+  y = mtf.einsum(xs, *args, **kwargs)
+  if unit_scaling_convention():
+    output_dims = set(y.shape.dims)
+    reduced = {d for x in xs for d in x.shape.dims if d not in output_dims}
+    y *= float(mtf.list_product(d.size for d in reduced)) ** -0.5
+  return y
+
+
 def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
           activation=None, master_dtype=tf.float32, slice_dtype=tf.float32,
           variable_dtype=None, kernel_initializer=None, kernel_weights=None,
@@ -123,7 +160,7 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
                                         expert_dims, kernel_initializer,
                                         variable_dtype)
     kernel_weights = mtf.cast(kernel_weights, x.dtype)
-    y = mtf.einsum([x, kernel_weights], output_shape)
+    y = us_einsum([x, kernel_weights], output_shape)
     if use_bias:
       b = mtf.get_variable(x.mesh, "bias", mtf.Shape(expert_dims + new_dims),
                            initializer=tf.zeros_initializer(),
@@ -237,6 +274,19 @@ class VarianceScalingInitializer(DenseInitializer):
           f"{distribution!r}; expected 'normal' or 'uniform'.")
 
   def stddev(self, reduced_dims, new_dims):
+    """sqrt(scale / fan); under `unit_scaling_convention()`, sqrt(scale).
+
+    Raises:
+      ValueError: unit scaling is on and the mode is not "fan_in" (the
+        convention divides activations by the contracted, i.e. fan-in,
+        size).
+    """
+    if unit_scaling_convention():
+      if self.mode != "fan_in":
+        raise ValueError(
+            f"VarianceScalingInitializer(mode={self.mode!r}): the "
+            "unit-scaling convention only works with mode 'fan_in'.")
+      return self.scale ** 0.5
     fan_in = mtf.list_product(d.size for d in reduced_dims)
     fan_out = mtf.list_product(d.size for d in new_dims)
     fan = {"fan_in": fan_in, "fan_out": fan_out,
@@ -427,6 +477,7 @@ def dense_relu_dense(x, hidden_channels, is_training=False, dropout=0.0,
 # they are part of `mtf.layers` as in the original.
 # pylint: disable=g-import-not-at-top,wildcard-import,wrong-import-position
 from mesh_tensorflow.attention_layers import *
+from mesh_tensorflow.local_attention_layers import *
 from mesh_tensorflow.conv_layers import *
 from mesh_tensorflow.conv_transpose_layers import *
 from mesh_tensorflow.residual_layers import *

@@ -150,7 +150,7 @@ def reversible_half_residual_and_swap(x1, x1_backwards, x2, x2_backwards, f,
 
 
 def annealed_dropout(x, is_training, start_step, end_step, init_rate=1.0,
-                     noise_shape=None):
+                     noise_shape=None, name=None):
   """Dropout whose rate falls linearly from init_rate to 0 over training.
 
   The rate is init_rate until the global step (`mtf.optimize.
@@ -165,6 +165,8 @@ def annealed_dropout(x, is_training, start_step, end_step, init_rate=1.0,
     end_step: the step where the rate reaches 0 (> start_step).
     init_rate: the initial dropout rate, in [0, 1].
     noise_shape: optional subset of x's dimensions the mask varies over.
+    name: optional name of the dropout's operations (its random mask is
+      seeded by it).
 
   Returns:
     an mtf Tensor like x.
@@ -175,39 +177,60 @@ def annealed_dropout(x, is_training, start_step, end_step, init_rate=1.0,
   if end_step <= start_step:
     raise ValueError(f"annealed_dropout: end_step {end_step} must be after "
                      f"start_step {start_step}.")
+  name = name or "annealed_dropout"
   step = mtf.cast(mtf.optimize.get_or_create_global_step(x.mesh), tf.float32)
   progress = mtf.minimum(mtf.maximum(
       (step - float(start_step)) / float(end_step - start_step), 0.0), 1.0)
   keep_prob = 1.0 - float(init_rate) * (1.0 - progress)
   noise_shape = x.shape if noise_shape is None else mtf.convert_to_shape(
       noise_shape)
-  u = mtf.random_uniform(x.mesh, noise_shape, dtype=tf.float32)
+  u = mtf.random_uniform(x.mesh, noise_shape, dtype=tf.float32,
+                         name=name + "/uniform")
   mask = mtf.cast(mtf.less(u, keep_prob), tf.float32) / mtf.maximum(
       keep_prob, 1e-9)
-  return x * mtf.cast(mask, x.dtype)
+  return mtf.multiply(x, mtf.cast(mask, x.dtype), name=name)
 
 
-def summary_for_clip_activation_gradient(x, clip_rms_norm=None):
-  """Identity whose backward pass records the RMS of the gradient of x.
+def summary_for_clip_activation_gradient(t, name, batch_dims=None):
+  """Identity whose backward pass records the RMS of t's gradient.
 
-  Summaries (`mtf.scalar_summary`): "activation_gradient_rms" and
-  "activation_gradient_clipped" (1.0 when the RMS exceeds clip_rms_norm,
-  i.e. `clip_activation_gradient` with that norm would clip). The gradient
-  itself is unchanged. Returns x when clip_rms_norm is None / 0.
+  Use it to choose the `clip_rms_norm` of `clip_activation_gradient`: the
+  scalar summary `name` (see `Lowering.scalar_summaries`) is the RMS of the
+  gradient dt, over all of it; with batch_dims, the RMS of each example
+  (over the other dimensions), averaged over the batch. The gradient passes
+  through unchanged.
+
+  Args:
+    t: a float mtf Tensor.
+    name: the summary's name.
+    batch_dims: optional Dimensions of t that index examples.
+
+  Returns:
+    an mtf Tensor equal to t.
+
+  Raises:
+    ShapeError: a batch dimension is not a dimension of t.
   """
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  if not clip_rms_norm:
-    return x
+  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
+  batch_dims = layers._as_list(batch_dims)  # pylint: disable=protected-access
+  for d in batch_dims:
+    if d not in t.shape.dims:
+      raise mtf.ShapeError(
+          f"summary_for_clip_activation_gradient {name!r}: batch dimension "
+          f"{d} is not a dimension of {t.name} {t.shape}.")
 
   def grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
               output_grads):
     del explicit_inputs, all_inputs, forward_operations, outputs
-    dy = output_grads[0]
-    rms = mtf.sqrt(mtf.reduce_mean(mtf.square(mtf.cast(dy, tf.float32))))
-    mtf.scalar_summary("activation_gradient_rms", rms)
-    mtf.scalar_summary(
-        "activation_gradient_clipped",
-        mtf.cast(mtf.greater(rms, float(clip_rms_norm)), tf.float32))
-    return [dy]
+    dt = output_grads[0]
+    square = mtf.square(mtf.cast(dt, tf.float32))
+    if batch_dims:
+      rms = mtf.reduce_mean(mtf.sqrt(mtf.reduce_mean(
+          square, output_shape=mtf.Shape(batch_dims))))
+    else:
+      rms = mtf.sqrt(mtf.reduce_mean(square))
+    mtf.scalar_summary(name, rms)
+    return [dt]
 
-  return mtf.custom_gradient(mtf.identity, grad_fn, [x])
+  return mtf.custom_gradient(mtf.identity, grad_fn, [t])

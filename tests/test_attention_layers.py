@@ -4,7 +4,8 @@ Attention is checked on one processor and model-parallel (heads split over
 `all:8`, or batch and heads split on a 2-D mesh), in eager and tf.function
 mode. Multihead layers export their variables so the NumPy references can
 reproduce the math; gradients are checked against float64 central
-differences.
+differences. Local (blocked) attention is tested in
+test_local_attention_layers.py.
 """
 
 import numpy as np
@@ -202,6 +203,7 @@ def test_dot_product_attention_rejects_mismatched_depth():
 
 X = _rand([2, 4, 4], 3)
 MEMORY = _rand([2, 4, 4], 4)
+QKVO = mtf.Dimension("qkvo", 4)
 
 
 def _run(mesh_shape, layout, mode, build):
@@ -212,11 +214,12 @@ _import = mtf_testing.import_array
 
 
 def _np_multihead(x, memory, wq, wk, wv, wo, mask):
-  q = np.einsum("bli,ihk->bhlk", x, wq)
-  k = np.einsum("bmi,ihk->bhmk", memory, wk)
-  v = np.einsum("bmi,ihk->bhmk", memory, wv)
+  """Weights [heads, io, kv], as the original lays them out."""
+  q = np.einsum("bli,hik->bhlk", x, wq)
+  k = np.einsum("bmi,hik->bhmk", memory, wk)
+  v = np.einsum("bmi,hik->bhmk", memory, wv)
   o = _np_dot_product_attention(q, k, v, mask)
-  return np.einsum("bhlk,hko->blo", o, wo)
+  return np.einsum("bhlk,hik->bli", o, wo)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", _params(HEADS_LAYOUTS))
@@ -237,33 +240,50 @@ def test_multihead_attention(mesh_shape, layout, mode, self_attention):
       mask = None
     y = attention_layers.multihead_attention(x, memory, mask, KV, HEADS)
     assert y.shape == x.shape
-    wrt["q"] = mesh.graph.name_to_variable["multihead_attention/q"].outputs[0]
+    wrt["qkvo"] = mesh.graph.name_to_variable[
+        "multihead_attention/qkvo"].outputs[0]
     loss = mtf.reduce_sum(y * _import(mesh, cotangent, y.shape.dims))
     return {"y": y}, loss, wrt
 
   got, graph = _run(mesh_shape, layout, mode, build)
-  names = ["multihead_attention/" + n for n in "qkvo"]
-  assert [v.name for v in graph.trainable_variables] == names
-  assert graph.name_to_variable[names[0]].shape == mtf.Shape([IO, HEADS, KV])
-  assert graph.name_to_variable[names[3]].shape == mtf.Shape([HEADS, KV, IO])
-  weights = {n: got["multihead_attention/" + n].astype(np.float64)
-             for n in "qkvo"}
+  # One variable holding the four weights, as in the original.
+  assert [v.name for v in graph.trainable_variables] == [
+      "multihead_attention/qkvo"]
+  assert graph.name_to_variable["multihead_attention/qkvo"].shape == (
+      mtf.Shape([QKVO, HEADS, IO, KV]))
   mask = _np_causal_mask(4) if self_attention else None
 
-  def np_fn(x, memory, q):
+  def np_fn(x, memory, qkvo):
     if self_attention:
       memory = x
-    return {"y": _np_multihead(x, memory, q, weights["k"], weights["v"],
-                               weights["o"], mask)}
+    return {"y": _np_multihead(x, memory, *qkvo, mask)}
 
-  inputs = {"x": X, "memory": MEMORY, "q": weights["q"]}
+  inputs = {"x": X, "memory": MEMORY,
+            "qkvo": got["multihead_attention/qkvo"].astype(np.float64)}
   want = np_fn(**inputs)
   np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
-  wrt = ["x", "q"] if self_attention else ["x", "memory", "q"]
+  wrt = ["x", "qkvo"] if self_attention else ["x", "memory", "qkvo"]
   grads = mtf_testing.numeric_gradients(np_fn, inputs, {"y": cotangent}, wrt)
   for name in wrt:
     np.testing.assert_allclose(got["d_" + name], grads[name], rtol=1e-4,
                                atol=1e-4, err_msg=name)
+
+
+def test_multihead_attention_dropout_only_when_training():
+  def build(mesh):
+    x = _import(mesh, X, [BATCH, LENGTH, IO])
+    kwargs = dict(dropout=0.5, name="att")
+    return {"eval": attention_layers.multihead_attention(
+                x, None, None, KV, HEADS, False, **kwargs),
+            "eval2": attention_layers.multihead_attention(
+                x, None, None, KV, HEADS, **kwargs),
+            "train": attention_layers.multihead_attention(
+                x, None, None, KV, HEADS, True, **kwargs)}, None, {}
+
+  got, graph = _run("all:1", "", "eager", build)
+  assert len(graph.trainable_variables) == 1
+  np.testing.assert_array_equal(got["eval"], got["eval2"])
+  assert not np.allclose(got["eval"], got["train"])
 
 
 def test_multihead_attention_variables_are_deterministic():
@@ -277,26 +297,37 @@ def test_multihead_attention_variables_are_deterministic():
   one, graph = _run("all:1", "", "eager", build)
   split, _ = _run("all:8", "heads:all", "eager", build)
   assert [v.name for v in graph.trainable_variables] == [
-      f"{s}/{n}" for s in ["multihead_attention", "multihead_attention_1"]
-      for n in "qkvo"]
+      "multihead_attention/qkvo", "multihead_attention_1/qkvo"]
   for name, value in one.items():
     np.testing.assert_array_equal(value, split[name], err_msg=name)
   # Each variable has its own seed, from its scoped name.
-  assert not np.array_equal(one["multihead_attention/q"],
-                            one["multihead_attention/k"])
-  assert not np.array_equal(one["multihead_attention/q"],
-                            one["multihead_attention_1/q"])
+  assert not np.array_equal(one["multihead_attention/qkvo"],
+                            one["multihead_attention_1/qkvo"])
+  # Standard deviations: io^-0.5 kv^-0.25 (q, k), io^-0.5 (v) and
+  # (io heads)^-0.5 (o), as in the original.
+  stds = np.std(one["multihead_attention/qkvo"].reshape(4, -1), axis=1)
+  want = [4 ** -0.5 * 4 ** -0.25] * 2 + [4 ** -0.5, (4 * 8) ** -0.5]
+  np.testing.assert_allclose(stds, want, rtol=0.3)
 
 
-def test_multihead_attention_params_combined():
+def test_multihead_attention_params_separate_and_combined():
   def build(mesh):
+    with tf.compat.v1.variable_scope("sep"):
+      sep = attention_layers.multihead_attention_params(
+          mesh, HEADS, IO, KV, mtf.VariableDType())
     with tf.compat.v1.variable_scope("att"):
       q, k, v, o = attention_layers.multihead_attention_params(
           mesh, HEADS, IO, KV, mtf.VariableDType(), combine=True)
+    with tf.compat.v1.variable_scope("old"):
+      old = attention_layers.multihead_attention_vars(
+          mesh, HEADS, IO, KV, tf.float32, tf.float32, tf.bfloat16)
+    assert [t.shape for t in sep] == [mtf.Shape([HEADS, IO, KV])] * 4
+    assert [t.dtype for t in old] == [tf.bfloat16] * 4
     return {"q": q, "k": k, "v": v, "o": o}, None, {}
 
   got, graph = _run("all:8", "heads:all", "eager", build)
-  assert [v.name for v in graph.trainable_variables] == ["att/qkvo"]
+  assert [v.name for v in graph.trainable_variables] == [
+      "sep/q", "sep/k", "sep/v", "sep/o", "att/qkvo", "old/qkvo"]
   combined = got["att/qkvo"]
   assert combined.shape == (4, 8, 4, 4)
   for i, n in enumerate("qkvo"):
@@ -338,16 +369,16 @@ def test_multihead_self_attention_incremental(mesh_shape, layout, mode):
     return {"y": y, "k": k, "v": v}, None, {}
 
   got, _ = _run(mesh_shape, layout, mode, build)
-  w = {n: got["multihead_attention/" + n] for n in "qkvo"}
-  q = np.einsum("bi,ihk->bhk", x, w["q"])
+  wq, wk, wv, wo = got["multihead_attention/qkvo"]
+  q = np.einsum("bi,hik->bhk", x, wq)
   k = prev_k.copy()
   v = prev_v.copy()
-  k[:, :, step] = np.einsum("bi,ihk->bhk", x, w["k"])
-  v[:, :, step] = np.einsum("bi,ihk->bhk", x, w["v"])
+  k[:, :, step] = np.einsum("bi,hik->bhk", x, wk)
+  v[:, :, step] = np.einsum("bi,hik->bhk", x, wv)
   mask = np.where(np.arange(4) > step, -1e9, 0.0)
   weights = _np_softmax(np.einsum("bhk,bhmk->bhm", q, k) + mask)
-  y = np.einsum("bhk,hko->bo",
-                np.einsum("bhm,bhmk->bhk", weights, v), w["o"])
+  y = np.einsum("bhk,hik->bi",
+                np.einsum("bhm,bhmk->bhk", weights, v), wo)
   np.testing.assert_allclose(got["k"], k, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got["v"], v, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got["y"], y, rtol=1e-5, atol=1e-5)
@@ -370,62 +401,129 @@ def test_incremental_matches_full_self_attention():
     v = mtf.zeros(mesh, [BATCH, HEADS, MEMORY_LENGTH, KV])
     outputs = {}
     for step in range(LENGTH.size):
-      # The same name reuses the variables of the first step.
+      # The same name reuses the variable of the first step.
       y, k, v = attention_layers.multihead_self_attention_incremental(
           mtf.gather(x, step, LENGTH), k, v, step)
       outputs[f"y{step}"] = y
     return outputs, None, {}
 
   got, graph = _run("all:8", "heads:all", "function", build_steps)
-  assert len(graph.trainable_variables) == 4
+  assert len(graph.trainable_variables) == 1
   for step in range(LENGTH.size):
     np.testing.assert_allclose(got[f"y{step}"], full["y"][:, step],
                                rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
 
 
-# ------------------------------------------------ masked_local_attention_1d
+# ---------------------------------- multihead_encdec_attention_incremental
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode,window_size", [
-    pytest.param(m, l, mode, w, id=f"{m}-{l or 'none'}-{mode}-window{w}")
-    for m, l, mode, w in [
-        ("all:1", "", "eager", 1), ("all:1", "", "function", 2),
-        ("all:8", "heads:all", "eager", 2),
-        ("rows:2;cols:4", "batch:rows;heads:cols", "function", 2),
-        ("all:2", "num_blocks:all", "eager", 1),
-        ("all:2", "num_blocks:all", "function", 2)]])
-def test_masked_local_attention_1d(mesh_shape, layout, mode, window_size):
+@pytest.mark.parametrize("mesh_shape,layout,mode", _params(
+    HEADS_LAYOUTS + [("all:2", "memory_length:all")]))
+def test_encdec_incremental_matches_full_attention(mesh_shape, layout, mode):
+  """Each decoding step's attention over a precomputed memory equals the
+  full layer's output at that position."""
+  padding = np.array([[1, 2, 3, 0], [4, 5, 0, 0]], np.int32)
+
+  def build_full(mesh):
+    x = _import(mesh, X, [BATCH, LENGTH, IO])
+    memory = _import(mesh, MEMORY, [BATCH, MEMORY_LENGTH, IO])
+    mask = attention_layers.attention_mask_ignore_padding(
+        _import(mesh, padding, [BATCH, LENGTH]))
+    return {"y": attention_layers.multihead_attention(
+        x, memory, mask, KV, HEADS, name="encdec")}, None, {}
+
+  full, _ = _run("all:1", "", "eager", build_full)
+
+  def build_steps(mesh):
+    x = _import(mesh, X, [BATCH, LENGTH, IO])
+    memory = _import(mesh, MEMORY, [BATCH, MEMORY_LENGTH, IO])
+    mask = attention_layers.attention_mask_ignore_padding(
+        _import(mesh, padding, [BATCH, LENGTH]))
+    wq, wk, wv, wo = mtf.unstack(
+        _import(mesh, full["encdec/qkvo"], [QKVO, HEADS, IO, KV]), QKVO)
+    kv_shape = mtf.Shape([BATCH, HEADS, MEMORY_LENGTH, KV])
+    k = mtf.einsum([memory, wk], kv_shape)
+    v = mtf.einsum([memory, wv], kv_shape)
+    return {f"y{step}": attention_layers.multihead_encdec_attention_incremental(
+        mtf.gather(x, step, LENGTH), wq, wo, k, v, mask)
+            for step in range(LENGTH.size)}, None, {}
+
+  got, graph = _run(mesh_shape, layout, mode, build_steps)
+  assert not graph.trainable_variables
+  for step in range(LENGTH.size):
+    np.testing.assert_allclose(got[f"y{step}"], full["y"][:, step],
+                               rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+
+
+# --------------------------------------------- memory-compressed attention
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", _params(
+    [("all:1", ""), ("all:2", "length:all"),
+     ("rows:2;cols:2", "batch:rows;memory_length:cols")],
+    modes=("eager", "function", "graph")))
+def test_compress_mean(mesh_shape, layout, mode):
+  def build_fn(mesh, t):
+    del mesh
+    return {"y": attention_layers.compress_mean(t["x"], t["x"].shape[1], 2)}
+
+  def np_fn(x):
+    return {"y": x.reshape(2, 4, 2, 4).mean(axis=2)}
+
+  mtf_testing.check_op(build_fn, np_fn,
+                       {"x": (_rand([2, 8, 4], 10), ["batch", "length", "io"])},
+                       mesh_shape, layout, mode)
+
+
+def test_compress_mean_errors():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, [BATCH, LENGTH, IO])
+  with pytest.raises(mtf.ShapeError, match="divisor"):
+    attention_layers.compress_mean(x, LENGTH, 3)
+  with pytest.raises(mtf.ShapeError, match="not a dimension"):
+    attention_layers.compress_mean(x, KV, 2)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", _params(
+    [("all:1", ""), ("all:8", "heads:all"), ("all:2", "length:all"),
+     ("rows:2;cols:4", "batch:rows;heads:cols")]))
+@pytest.mark.parametrize("mask_right", [True, False])
+def test_multihead_self_attention_memory_compressed(mesh_shape, layout, mode,
+                                                    mask_right):
   long_length = mtf.Dimension("length", 8)
-  x_value = _rand([2, 8, 4], 8)
-  cotangent = _rand([2, 8, 4], 9)
+  x_value = _rand([2, 8, 4], 11)
+  cotangent = _rand([2, 8, 4], 12)
 
   def build(mesh):
     x = _import(mesh, x_value, [BATCH, long_length, IO])
-    y = attention_layers.masked_local_attention_1d(
-        x, KV, HEADS, window_size=window_size)
+    y = attention_layers.multihead_self_attention_memory_compressed(
+        x, mask_right, 2, KV, HEADS, dropout=0.5)  # Not training.
     assert y.shape == x.shape
     loss = mtf.reduce_sum(y * _import(mesh, cotangent, y.shape.dims))
     return {"y": y}, loss, {"x": x}
 
-  got, _ = _run(mesh_shape, layout, mode, build)
-  w = {n: got["multihead_attention/" + n].astype(np.float64) for n in "qkvo"}
-  pos = np.arange(8)
-  offset = pos[:, None] - pos[None, :]
-  band = np.where((offset >= 0) & (offset <= window_size), 0.0, -1e9)
+  got, graph = _run(mesh_shape, layout, mode, build)
+  assert [v.name for v in graph.trainable_variables] == [
+      "multihead_attention/qkvo"]
+  wq, wk, wv, wo = got["multihead_attention/qkvo"].astype(np.float64)
+  # Group m ends at position 2 m + 1; an extra zero logit lets the first
+  # position attend to nothing.
+  mask = None
+  if mask_right:
+    mask = np.where(2 * np.arange(4)[None, :] + 1 > np.arange(8)[:, None],
+                    -1e9, 0.0)
 
   def np_fn(x):
-    return {"y": _np_multihead(x, x, w["q"], w["k"], w["v"], w["o"], band)}
+    memory = x.reshape(2, 4, 2, 4).mean(axis=2)
+    q = np.einsum("bli,hik->bhlk", x, wq)
+    k = np.einsum("bmi,hik->bhmk", memory, wk)
+    v = np.einsum("bmi,hik->bhmk", memory, wv)
+    o = _np_dot_product_attention(q, k, v, mask, extra_logit=0.0)
+    return {"y": np.einsum("bhlk,hik->bli", o, wo)}
 
   np.testing.assert_allclose(got["y"], np_fn(x_value)["y"], rtol=1e-5,
                              atol=1e-5)
   grads = mtf_testing.numeric_gradients(np_fn, {"x": x_value},
                                         {"y": cotangent}, ["x"])
   np.testing.assert_allclose(got["d_x"], grads["x"], rtol=1e-4, atol=1e-4)
-
-
-def test_masked_local_attention_1d_rejects_large_window():
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  x = mtf.zeros(mesh, [BATCH, LENGTH, IO])
-  with pytest.raises(mtf.ShapeError, match="window_size"):
-    attention_layers.masked_local_attention_1d(x, KV, HEADS, window_size=8)

@@ -288,6 +288,83 @@ def test_dense_default_kernel_is_variance_scaled():
   assert np.isclose(got["dense/kernel"].std(), 0.8796 / 16, rtol=0.1)
 
 
+# --------------------------------------------------- unit-scaling convention
+
+
+@pytest.fixture(name="unit_scaling")
+def fixture_unit_scaling(monkeypatch):
+  """Turns the convention on as a gin binding would: by replacing the
+  module's `unit_scaling_convention`."""
+  monkeypatch.setattr(layers, "unit_scaling_convention",
+                      lambda value=True: value)
+
+
+def test_unit_scaling_convention_is_off_by_default():
+  assert layers.unit_scaling_convention() is False
+  assert layers.unit_scaling_convention(True) is True
+  assert mtf.layers.unit_scaling_convention is layers.unit_scaling_convention
+
+
+A2 = _rand([8, 4, 16], 40)
+B2 = _rand([4, 16, 2], 41)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("mesh_shape,layout,mode", _params(
+    [("all:1", ""), ("all:8", "hidden:all"),
+     ("rows:2;cols:4", "batch:rows;io:cols")], modes=("eager", "function")))
+def test_us_einsum(mesh_shape, layout, mode, scaled, request):
+  if scaled:
+    request.getfixturevalue("unit_scaling")
+
+  def build_fn(mesh, t):
+    del mesh
+    out = mtf.Shape([BATCH, mtf.Dimension("o", 2)])
+    return {"y": layers.us_einsum([t["a"], t["b"]], out),
+            # Keyword arguments go to mtf.einsum too.
+            "z": layers.us_einsum([t["a"], t["b"]], reduced_dims=[HIDDEN])}
+
+  def np_fn(a, b):
+    # Contracted: io (4) and hidden (16) for y; hidden for z.
+    y = np.einsum("bih,iho->bo", a, b)
+    z = np.einsum("bih,iho->bio", a, b)
+    if scaled:
+      y, z = y / np.sqrt(64.0), z / np.sqrt(16.0)
+    return {"y": y, "z": z}
+
+  mtf_testing.check_op(build_fn, np_fn,
+                       {"a": (A2, ["batch", "io", "hidden"]),
+                        "b": (B2, ["io", "hidden", "o"])},
+                       mesh_shape, layout, mode)
+
+
+def test_dense_under_unit_scaling(unit_scaling):
+  del unit_scaling
+  big = mtf.Dimension("big", 256)
+  ones = np.ones([8, 256], np.float32)
+
+  def build(mesh):
+    x = _import(mesh, ones, [BATCH, big])
+    return {"y": layers.dense(x, HIDDEN, reduced_dims=[big])}, None, {}
+
+  got, _ = _run("all:8", "hidden:all", "eager", build)
+  kernel = got["dense/kernel"]
+  # Unit-variance weights (a normal truncated at 2 standard deviations);
+  # the output is divided by sqrt(256).
+  assert np.isclose(kernel.std(), 0.8796, rtol=0.1)
+  np.testing.assert_allclose(got["y"], ones @ kernel / 16.0, rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_variance_scaling_under_unit_scaling(unit_scaling):
+  del unit_scaling
+  a, b = mtf.Dimension("a", 8), mtf.Dimension("b", 32)
+  assert layers.VarianceScalingInitializer(2.0).stddev([a], [b]) == 2.0 ** 0.5
+  for mode in ("fan_out", "fan_avg"):
+    with pytest.raises(ValueError, match="fan_in"):
+      layers.VarianceScalingInitializer(mode=mode).stddev([a], [b])
+
+
 # ------------------------------------------------------------- layer norm
 
 LN_X = _rand([8, 16], 10, -2.0, 3.0)

@@ -149,6 +149,8 @@ def test_annealed_dropout(mesh_shape, layout, mode):
     shared = mtf.layers.annealed_dropout(x, True, -10, 10, init_rate=1.0,
                                          noise_shape=[BATCH, wide])
     assert mtf.layers.annealed_dropout(x, False, 0, 10) is x
+    named = mtf.layers.annealed_dropout(x, True, -10, 10, name="drop")
+    assert named.operation.name.startswith("drop")
     loss = mtf.reduce_sum(half * 3.0)
     return ({"before": before, "half": half, "after": after,
              "shared": shared}, loss, {"x": x})
@@ -166,30 +168,45 @@ def test_annealed_dropout(mesh_shape, layout, mode):
 # --------------------------------------- gradient summary for clipping
 
 
+@pytest.mark.parametrize("mesh_shape,layout", [
+    ("all:1", ""), ("all:4", "batch:all"),
+    ("rows:2;cols:2", "batch:rows;c:cols")])
 @pytest.mark.parametrize("mode", ["eager", "function"])
-@pytest.mark.parametrize("clip", [0.1, 100.0])
-def test_summary_for_clip_activation_gradient(mode, clip):
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "batch:all")
+def test_summary_for_clip_activation_gradient(mesh_shape, layout, mode):
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
 
   def run():
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     x = mtf_testing.import_array(mesh, X, [BATCH, LENGTH, C])
-    y = mtf.layers.summary_for_clip_activation_gradient(x * 2.0, clip)
-    assert mtf.layers.summary_for_clip_activation_gradient(x) is x
+    y = mtf.layers.summary_for_clip_activation_gradient(x * 2.0, "grad_rms")
+    y = mtf.layers.summary_for_clip_activation_gradient(
+        y, "example_grad_rms", batch_dims=[BATCH])
     c = mtf_testing.import_array(mesh, COTANGENT.astype(np.float32),
                                  y.shape.dims)
     (dx,) = mtf.gradients([mtf.reduce_sum(y * c)], [x])
     lowering = mtf.Lowering(graph, {mesh: impl})
     summaries = lowering.scalar_summaries
     return (lowering.export_to_tf_tensor(y), lowering.export_to_tf_tensor(dx),
-            summaries["activation_gradient_rms"],
-            summaries["activation_gradient_clipped"])
+            summaries["grad_rms"], summaries["example_grad_rms"])
 
   result = run() if mode == "eager" else tf.function(run)()
-  y, dx, rms, clipped = [np.asarray(v) for v in result]
+  y, dx, rms, example_rms = [np.asarray(v) for v in result]
   np.testing.assert_allclose(y, X * 2.0, rtol=1e-6)
+  # The gradient passes through unchanged.
   np.testing.assert_allclose(dx, COTANGENT * 2.0, rtol=1e-5, atol=1e-6)
-  want_rms = np.sqrt(np.mean(np.square(COTANGENT)))
-  np.testing.assert_allclose(rms, want_rms, rtol=1e-5)
-  assert clipped == float(want_rms > clip)
+  np.testing.assert_allclose(rms, np.sqrt(np.mean(np.square(COTANGENT))),
+                             rtol=1e-5)
+  np.testing.assert_allclose(
+      example_rms,
+      np.mean(np.sqrt(np.mean(np.square(COTANGENT), axis=(1, 2)))),
+      rtol=1e-5)
+
+
+def test_summary_for_clip_activation_gradient_rejects_unknown_batch_dim():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf_testing.import_array(mesh, X, [BATCH, LENGTH, C])
+  with pytest.raises(mtf.ShapeError, match="rms"):
+    mtf.layers.summary_for_clip_activation_gradient(
+        x, "rms", batch_dims=[mtf.Dimension("other", 4)])
