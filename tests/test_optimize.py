@@ -5,7 +5,9 @@ loss 0.5 * sum((w * x + b - y)^2). Each optimizer runs in a tf.function on
 one processor and on a 2-D mesh that shards w, b and every slot
 ("hidden:cols;io:rows"); two of them also eagerly and in tf.compat.v1 graph
 mode. The mesh implementation is made once, outside the tf.function: it owns
-the variables, which persist across the function's calls.
+the variables, which persist across the function's calls. The training loop
+owns TF's global step and increments it after each step, as the original's
+did; the optimizers only read it.
 """
 
 import math
@@ -16,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import global_step
 from mesh_tensorflow import optimize
 
 IO, HIDDEN = 8, 16
@@ -132,36 +135,34 @@ def _np_train(update):
   return history
 
 
-# name -> (optimizer factory, NumPy update, uses the global step)
+# name -> (optimizer factory, NumPy update)
 CASES = {
-    "sgd": (lambda: optimize.SgdOptimizer(0.1), _np_sgd(0.1), False),
+    "sgd": (lambda: optimize.SgdOptimizer(0.1), _np_sgd(0.1)),
     "momentum": (lambda: optimize.MomentumOptimizer(0.1, 0.9),
-                 _np_momentum(0.1, 0.9), False),
+                 _np_momentum(0.1, 0.9)),
     "adam": (lambda: optimize.AdamWeightDecayOptimizer(
         0.01, weight_decay_rate=0.1, exclude_from_weight_decay=["b"]),
-             _np_adam(0.01, 0.1, 0.9, 0.999, 1e-6, excluded=("b",)), False),
+             _np_adam(0.01, 0.1, 0.9, 0.999, 1e-6, excluded=("b",))),
     "adafactor_default": (optimize.AdafactorOptimizer,
-                          _np_adafactor(_default_lr, _pow_decay), True),
+                          _np_adafactor(_default_lr, _pow_decay)),
     "adafactor_factored": (
         lambda: optimize.AdafactorOptimizer(
             learning_rate=0.05, beta1=0.5, clipping_threshold=2.0,
             decay_rate=optimize.adafactor_decay_rate_adam(0.99),
             min_dim_size_to_factor=8),
         _np_adafactor(lambda step: 0.05, _adam_decay(0.99), factored=("w",),
-                      beta1=0.5, clipping_threshold=2.0), True),
+                      beta1=0.5, clipping_threshold=2.0)),
     "adafactor_unscaled": (
         lambda: optimize.AdafactorOptimizer(
             multiply_by_parameter_scale=False, decay_rate=0.9,
             clipping_threshold=None),
         _np_adafactor(lambda step: 0.05 * _default_lr(step),
-                      lambda step: 0.9, scaled=(), clipping_threshold=None),
-        True),
+                      lambda step: 0.9, scaled=(), clipping_threshold=None)),
     "adafactor_excluded": (
         lambda: optimize.AdafactorOptimizer(
             learning_rate=tf.constant(0.02), decay_rate=0.5,
             exclude_from_parameter_scale=["b"]),
-        _np_adafactor(lambda step: 0.02, lambda step: 0.5, scaled=("w",)),
-        False),
+        _np_adafactor(lambda step: 0.02, lambda step: 0.5, scaled=("w",))),
 }
 
 
@@ -191,6 +192,11 @@ def _train(make_optimizer, mesh_shape, layout, mode):
                for v in graph.all_variables}
     lowering = mtf.Lowering(graph, {mesh: impl})
     train_op = [lowering.lowered_operation(update) for update in updates]
+    if mode == "graph":
+      # After the updates, which read the step.
+      with tf.control_dependencies(train_op):
+        train_op.append(tf.compat.v1.assign_add(
+            tf.compat.v1.train.get_or_create_global_step(), 1))
     slice_shapes.update({
         v.name: [tuple(s.shape) for s in lowering.variables[v].slice_variables]
         for v in graph.all_variables})
@@ -208,36 +214,39 @@ def _train(make_optimizer, mesh_shape, layout, mode):
           sess.run(train_op)
           history.append(sess.run(values))
     return history, slice_shapes
-  values_only = lambda: step()[2]
+  global_step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def values_only():
+    values = step()[2]
+    global_step_variable.assign_add(1)
+    return values
+
   if mode == "function":
     values_only = tf.function(values_only)
-  history = [tf.nest.map_structure(np.asarray, values_only())
-             for _ in range(STEPS)]
+  with global_step.global_step_scope(global_step_variable):
+    history = [tf.nest.map_structure(np.asarray, values_only())
+               for _ in range(STEPS)]
   return history, slice_shapes
 
 
 def _check(case, mesh_shape, layout, mode):
-  make_optimizer, np_update, uses_step = CASES[case]
+  make_optimizer, np_update = CASES[case]
   history, slice_shapes = _train(make_optimizer, mesh_shape, layout, mode)
   want_history = _np_train(np_update)
   for step, (got, want) in enumerate(zip(history, want_history)):
-    assert sorted(got) == sorted(
-        list(want) + (["global_step"] if uses_step else []))
+    assert sorted(got) == sorted(want)
     for name, value in want.items():
       np.testing.assert_allclose(
           got[name], value, rtol=1e-5, atol=1e-5,
           err_msg=f"{case} [{mesh_shape}, {layout}, {mode}] {name!r} after "
           f"step {step + 1}")
-    if uses_step:
-      assert got["global_step"].dtype == np.int64
-      assert got["global_step"] == step + 1
   # The parameters changed; the check is not comparing two no-ops.
   assert not np.allclose(history[-1]["w"], W0, atol=1e-3)
   if mesh_shape != "all:1":
     # Slots are laid out like their parameters: io over rows (2), hidden
     # over cols (4).
     expected = {"w": (4, 4), "b": (4,), "w_slot_vr": (4,),
-                "w_slot_vc": (4,), "global_step": ()}
+                "w_slot_vc": (4,)}
     for name, shapes in slice_shapes.items():
       param = name.split("/")[0].split("_")[0]
       want_shape = expected.get(name, expected.get(param))
@@ -304,8 +313,7 @@ def test_slots_ignore_the_variable_scope():
     w = mtf.get_variable(mesh, "w", "a:4")
   with tf.compat.v1.variable_scope("optimizer"):
     optimize.AdafactorOptimizer().apply_grads([mtf.ones(mesh, "a:4")], [w])
-  assert sorted(graph.name_to_variable) == [
-      "global_step", "model/w", "model/w_slot_v"]
+  assert sorted(graph.name_to_variable) == ["model/w", "model/w_slot_v"]
   assert [v.name for v in graph.trainable_variables] == ["model/w"]
 
 
@@ -358,6 +366,7 @@ def test_learning_rate_is_a_scalar_summary(make_optimizer, want):
   for the estimator's TensorBoard summaries."""
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "hidden:all")
   optimizer = make_optimizer()
+  step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
   @tf.function(autograph=False)
   def step():
@@ -372,7 +381,9 @@ def test_learning_rate_is_a_scalar_summary(make_optimizer, want):
       lowering = mtf.Lowering(graph, {mesh: impl})
       for update in updates:
         lowering.lowered_operation(update)
+    step_variable.assign_add(1)
     return summaries["learning_rate"]
 
-  got = [float(step()) for _ in want]
+  with global_step.global_step_scope(step_variable):
+    got = [float(step()) for _ in want]
   np.testing.assert_allclose(got, want, rtol=1e-6)
