@@ -480,7 +480,7 @@ def compute_lr_for_step(schedules, learning_rate, train_steps=None):
     learning_rate: the rate for None entries (returned as it is: a number,
       a tensor or a schedule of the step).
     train_steps: the total number of training steps (the schedules'
-      `total_train_steps`); needed when any entry is not None.
+      `total_train_steps`); needed when a factor is a function.
 
   Returns:
     a list of rates, one per schedule (float32 tf scalars for factor lists).
@@ -490,7 +490,7 @@ def compute_lr_for_step(schedules, learning_rate, train_steps=None):
     if schedule is None:
       rates.append(learning_rate)
       continue
-    if train_steps is None:
+    if train_steps is None and any(callable(f) for f in schedule):
       raise ValueError(
           f"compute_lr_for_step: the schedule {schedule!r} needs "
           "train_steps, the total number of training steps.")

@@ -112,6 +112,17 @@ def _np_adafactor(lr_fn, decay_fn, scaled=("w", "b"), factored=(), beta1=0.0,
   return update
 
 
+def _per_param(**updates):
+  """An update applying `updates[k]` to parameter k (e.g. each with its own
+  learning rate)."""
+  def update(params, grads, slots, step):
+    for k, param_update in updates.items():
+      one = {k: params[k]}
+      param_update(one, grads, slots, step)
+      params[k] = one[k]
+  return update
+
+
 def _default_lr(step):
   return min(1.0 / math.sqrt(step + 1.0), 0.01)
 
@@ -163,6 +174,26 @@ CASES = {
             learning_rate=tf.constant(0.02), decay_rate=0.5,
             exclude_from_parameter_scale=["b"]),
         _np_adafactor(lambda step: 0.02, lambda step: 0.5, scaled=("w",))),
+    # b follows 0.5 * (step + 1) / train_steps, w the optimizer's rate.
+    "adam_multi_lr": (
+        lambda: optimize.AdamWithMultiLRSchedule(
+            ["^b$", "b"],
+            [[0.5, lambda step, total: (tf.cast(step, tf.float32) + 1.0) /
+              total], None],
+            learning_rate=0.01, weight_decay_rate=0.1,
+            exclude_from_weight_decay=["b"], train_steps=10),
+        _per_param(
+            w=_np_adam(0.01, 0.1, 0.9, 0.999, 1e-6, excluded=()),
+            b=lambda params, grads, slots, step: _np_adam(
+                0.5 * (step + 1) / 10, 0.1, 0.9, 0.999, 1e-6,
+                excluded=("b",))(params, grads, slots, step))),
+    "adafactor_multi_lr": (
+        lambda: optimize.AdafactorWithMultiLRSchedule(
+            ["w"], [[0.1]], learning_rate=0.05, decay_rate=0.5,
+            train_steps=100),
+        _per_param(
+            w=_np_adafactor(lambda step: 0.1, lambda step: 0.5),
+            b=_np_adafactor(lambda step: 0.05, lambda step: 0.5))),
 }
 
 
@@ -387,3 +418,64 @@ def test_learning_rate_is_a_scalar_summary(make_optimizer, want):
   with global_step.global_step_scope(step_variable):
     got = [float(step()) for _ in want]
   np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_momentum_optimizer_properties():
+  optimizer = optimize.MomentumOptimizer(0.1, momentum=0.9)
+  assert optimizer.lr == 0.1 and optimizer.momentum == 0.9
+
+
+def test_reduce_rms_passes_reduce_mean_arguments():
+  converter = mtf.test_utils.NumpyConverter()
+  x_np = np.array([[3.0, 4.0], [0.0, 0.0]], np.float32)
+  x = converter.convert_np_array_to_mtf_tensor(x_np, ["a", "b"], tf.float32)
+  rows = optimize.reduce_rms(x, reduced_dim=x.shape.dims[1])
+  np.testing.assert_allclose(converter.convert_mtf_tensor_to_np_array(rows),
+                             np.sqrt([12.5, 0.0]), rtol=1e-6)
+  np.testing.assert_allclose(
+      converter.convert_mtf_tensor_to_np_array(optimize.reduce_rms(x)),
+      _rms(x_np), rtol=1e-6)
+
+
+def test_product_learning_rate():
+  def warmup(step, total_train_steps):
+    return min(1.0, step / (0.1 * total_train_steps))
+
+  assert optimize.product_learning_rate(5, 100, [0.5, warmup]) == 0.25
+  # With an offset, the functions see the step and total less the offset.
+  assert optimize.product_learning_rate(
+      7, 102, [2.0, warmup], offset=2) == 1.0
+  assert optimize.product_learning_rate(3, 10, []) == 1.0
+  with pytest.raises(ValueError, match="factors"):
+    optimize.product_learning_rate(3, 10, None)
+
+
+def test_compute_lr_for_step_reads_tfs_global_step():
+  step = tf.Variable(4, dtype=tf.int64, trainable=False)
+  linear = lambda s, total: tf.cast(s, tf.float32) / total
+  with global_step.global_step_scope(step):
+    rates = optimize.compute_lr_for_step([None, [3.0, linear]], 0.25,
+                                         train_steps=8)
+    assert rates[0] == 0.25
+    assert float(rates[1]) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="train_steps"):
+      optimize.compute_lr_for_step([[linear]], 0.25)
+
+
+def test_multi_lr_schedule_picks_the_first_matching_regex():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  enc = mtf.get_variable(mesh, "encoder/w", "a:4").operation
+  dec = mtf.get_variable(mesh, "decoder/w", "a:4").operation
+  optimizer = optimize.AdafactorWithMultiLRSchedule(
+      ["coder", "encoder"], [[0.5], [0.25]], learning_rate=0.1,
+      train_steps=10)
+  with global_step.global_step_scope(
+      tf.Variable(0, dtype=tf.int64, trainable=False)):
+    assert float(optimizer._learning_rate_for(enc)) == 0.5
+    assert float(optimizer._learning_rate_for(dec)) == 0.5
+    other = optimize.AdamWithMultiLRSchedule(["^x"], [[0.5]],
+                                             learning_rate=0.125)
+    assert other._learning_rate_for(enc) == 0.125
+  with pytest.raises(ValueError, match="2 variable_search regexes but 1"):
+    optimize.AdamWithMultiLRSchedule(["a", "b"], [None], learning_rate=0.1)
