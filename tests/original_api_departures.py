@@ -95,10 +95,5 @@ PENDING = {
     "mesh_tensorflow.simd_mesh_impl.SimdMeshImpl",
     "mesh_tensorflow.simd_mesh_impl.auto_logical_to_physical_tpu",
     "mesh_tensorflow.simd_mesh_impl.physical_shape_3d_from_topology_proto_4d",
-    "mesh_tensorflow.test_utils.NumpyConverter",
     "mesh_tensorflow.tpu_variables.ReplicatedVariable",
-    "mesh_tensorflow.utils.BalancedVariablePlacer",
-    "mesh_tensorflow.utils.create_host_call",
-    "mesh_tensorflow.utils.remove_summaries",
-    "mesh_tensorflow.utils.topology_rank",
 }

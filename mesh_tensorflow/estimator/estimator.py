@@ -266,13 +266,21 @@ class Estimator:
   def _train_loop(self, mesh_impl, global_step, writer):
     """tf.function(iterator, n): runs n steps; returns the last loss."""
 
+    host_call_fns = []
+
     def model_program(features, labels):
       # Summaries come out of the program and are written by the step: a
       # SimdMeshImpl program runs once per device and cannot share a writer.
+      # So do a host call's tensors.
       with debug.collect_scalar_summaries() as summaries:
         spec = self._call_model_fn(features, labels, ModeKeys.TRAIN,
                                    mesh_impl, global_step)
-      return tf.cast(spec.loss, tf.float32), summaries
+      host_args = []
+      if spec.host_call is not None:
+        host_call_fns[:] = [spec.host_call[0]]
+        host_args = spec.host_call[1]
+        summaries = {}  # The host call writes them.
+      return tf.cast(spec.loss, tf.float32), summaries, host_args
 
     run = mesh_impls.mesh_runner(mesh_impl, model_program)
     every = self._config.save_summary_steps
@@ -281,11 +289,16 @@ class Estimator:
     def train_step(features, labels):
       step = global_step.read_value() + 1
       record = tf.equal(step % every, 0) if every else tf.constant(False)
-      loss, summaries = run(features, labels)
+      loss, summaries, host_args = run(features, labels)
       with writer.as_default(step=step), tf.summary.record_if(record):
         debug.write_scalar("loss", loss)
         for name, value in summaries.items():
           debug.write_scalar(name, value)
+        if host_call_fns:
+          if isinstance(host_args, dict):
+            host_call_fns[0](**host_args)
+          else:
+            host_call_fns[0](*host_args)
       with tf.control_dependencies([loss]):
         global_step.assign_add(1)
       return loss
