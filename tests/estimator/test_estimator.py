@@ -106,7 +106,8 @@ def test_simd_trains_like_placement(tmp_path):
   for name in ("loss", "learning_rate", "mean_abs_error"):
     np.testing.assert_allclose(
         sorted(toy_model.event_scalars(str(tmp_path / "s"))[name].items()),
-        sorted(toy_model.event_scalars(str(tmp_path / "p"))[name].items()), rtol=1e-5)
+        sorted(toy_model.event_scalars(str(tmp_path / "p"))[name].items()),
+        rtol=1e-5)
   assert simd.evaluate(toy_model.eval_input_fn)["loss"] == pytest.approx(
       placement.evaluate(toy_model.eval_input_fn)["loss"], rel=1e-5)
 

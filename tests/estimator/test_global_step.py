@@ -82,9 +82,10 @@ def test_checkpoint_with_an_old_mtf_step_restores(tmp_path):
   assert _step_keys(tf.train.latest_checkpoint(str(tmp_path))) == [
       "model/global_step/.ATTRIBUTES/VARIABLE_VALUE"]
 
-  est = estimator.Estimator(toy_model.step_reading_model_fn, config=estimator.RunConfig(
+  config = estimator.RunConfig(
       model_dir=str(tmp_path), mesh_shape="all:2", layout="hidden:all",
-      save_summary_steps=1))
+      save_summary_steps=1)
+  est = estimator.Estimator(toy_model.step_reading_model_fn, config=config)
   est.train(toy_model.input_fn, steps=2)
   assert int(est.get_variable_value("global_step")) == 6
   assert toy_model.event_scalars(str(tmp_path))["seen/tf_global_step"] == {
@@ -95,7 +96,8 @@ def test_tf_global_step_outside_the_estimator_is_left_alone(tmp_path):
   """The estimator's step is TF's global step only while it calls
   model_fn."""
   outside = tf.compat.v1.train.get_global_step()
-  est = estimator.Estimator(toy_model.step_reading_model_fn, config=estimator.RunConfig(
-      model_dir=str(tmp_path), mesh_shape="all:1", layout=""))
+  config = estimator.RunConfig(model_dir=str(tmp_path), mesh_shape="all:1",
+                               layout="")
+  est = estimator.Estimator(toy_model.step_reading_model_fn, config=config)
   est.train(toy_model.input_fn, steps=1)
   assert tf.compat.v1.train.get_global_step() is outside
