@@ -6,16 +6,14 @@ its parameter with the parameter's dimensions (or a subset of them), so the
 layout rules shard optimizer state exactly like the parameter and the update
 runs on each processor's slice without extra communication.
 
-The global step. The original read `tf.train.get_or_create_global_step()`,
-which no longer exists. Here the step is an ordinary mtf variable:
-`get_or_create_global_step(mesh)` returns the value of the non-trainable
-int64 scalar variable "global_step" (created at the root of the variable
-scopes, initially 0). Learning rates and decay rates may be given as
-schedules, functions from the step (a float32 mtf scalar) to a rate; an
-optimizer that uses a schedule reads the step before its updates and its
-`apply_grads` adds one more Assign that increments the step, so each call of
-`apply_grads` is one training step. Like the other variables, the step
-persists across executions in every mode and is checkpointed with the model.
+The global step. As in the original, optimizers read TensorFlow's global
+step (`tf.compat.v1.train.get_or_create_global_step()`, see
+`mesh_tensorflow.global_step`) and never advance it: the training loop
+does (the estimator, or a model function's
+`tf.compat.v1.assign_add(global_step, 1)`). Learning rates and decay rates
+may be given as schedules, functions from the step (a float32 mtf scalar,
+TF's step imported into the mesh) to a rate.
+`get_or_create_global_step(mesh)` gives the step as an int64 mtf scalar.
 """
 
 import math
@@ -25,30 +23,25 @@ from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import errors
+from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import ops as mtf
 from mesh_tensorflow import shape as shape_lib
 
-GLOBAL_STEP_NAME = "global_step"
-
 
 def _root_variable_scope():
-  """A variable scope that gives names no prefix (for slots and the step)."""
+  """A variable scope that gives names no prefix (for slots)."""
   return tf.compat.v1.variable_scope(
       tf.compat.v1.VariableScope(reuse=None, name=""))
 
 
 def get_or_create_global_step(mesh):
-  """The value of the mesh graph's int64 scalar variable "global_step".
+  """TF's global step as an int64 mtf scalar on `mesh` (fully replicated).
 
-  Created (non-trainable, initially 0) on first use. Optimizers with
-  schedules increment it once per `apply_grads`.
+  TF's step is created if the context has none
+  (`global_step.get_or_create_tf_global_step`); it is read once per mesh.
   """
-  with _root_variable_scope():
-    return mtf.get_variable(mesh, GLOBAL_STEP_NAME, shape_lib.Shape([]),
-                            dtype=tf.int64,
-                            initializer=tf.zeros_initializer(),
-                            trainable=False)
+  return global_step_lib.mtf_global_step(mesh)
 
 
 def _as_variable(var):
@@ -88,14 +81,13 @@ def _to_mtf_scalar(mesh, value, dtype=tf.float32):
   return mtf.constant(mesh, value, shape_lib.Shape([]), dtype=dtype)
 
 
-def _is_schedule(value):
-  return callable(value) and not isinstance(
-      value, (graph_lib.Tensor, tf.Tensor, tf.Variable))
+def reduce_rms(x, **kwargs):
+  """Root mean square of `x`'s elements: an mtf scalar by default.
 
-
-def reduce_rms(x):
-  """Root mean square of all elements of `x`: an mtf scalar."""
-  return mtf.sqrt(mtf.reduce_mean(mtf.square(x)))
+  kwargs go to `mtf.reduce_mean` (`output_shape`, `reduced_dim`, `name`),
+  e.g. `reduce_rms(x, reduced_dim=d)` is the RMS over `d` only.
+  """
+  return mtf.sqrt(mtf.reduce_mean(mtf.square(x), **kwargs))
 
 
 class Optimizer:
@@ -131,9 +123,6 @@ class Optimizer:
       mesh = _as_variable(variables[0]).mesh
       mtf.scalar_summary("learning_rate",
                          _to_mtf_scalar(mesh, learning_rate))
-    step_update = self._increment_step(variables)
-    if step_update is not None:
-      ops.append(step_update)
     if not ops:
       return ops
     # Grouped, so that the Lowering can stack variables updated together.
@@ -143,24 +132,9 @@ class Optimizer:
     """Returns the list of Assign operations that update `var`."""
     raise NotImplementedError(f"{type(self).__name__}.apply_grad")
 
-  def _uses_global_step(self):
-    """Whether a rate is a schedule of the global step."""
-    return False
-
   def _summary_learning_rate(self):
     """The learning rate (number, tensor or schedule), or None."""
     return None
-
-  def _increment_step(self, variables):
-    if not variables or not self._uses_global_step():
-      return None
-    mesh = _as_variable(variables[0]).mesh
-    step = get_or_create_global_step(mesh)
-    # assign(step + 1), not assign_add: the new value depends on the same
-    # read of the step that the rates use, so in tf.compat.v1 graph mode,
-    # where TF does not order reads and writes, the rates still see the step
-    # from before the increment.
-    return mtf.assign(step, step + 1, name="increment_global_step")
 
 
 class _LearningRateOptimizer(Optimizer):
@@ -175,9 +149,6 @@ class _LearningRateOptimizer(Optimizer):
 
   def _summary_learning_rate(self):
     return self._lr
-
-  def _uses_global_step(self):
-    return _is_schedule(self._lr)
 
 
 class SgdOptimizer(_LearningRateOptimizer):
@@ -196,6 +167,10 @@ class MomentumOptimizer(_LearningRateOptimizer):
   def __init__(self, learning_rate, momentum):
     super().__init__(learning_rate)
     self._momentum = momentum
+
+  @property
+  def momentum(self):
+    return self._momentum
 
   def apply_grad(self, grad, var):
     velocity = _slot(var, "_momentum_v", dtype=var.variable_dtype)
@@ -223,10 +198,12 @@ class AdamWeightDecayOptimizer(Optimizer):
     self.epsilon = epsilon
     self.exclude_from_weight_decay = exclude_from_weight_decay
 
-  def _uses_global_step(self):
-    return _is_schedule(self.learning_rate)
-
   def _summary_learning_rate(self):
+    return self.learning_rate
+
+  def _learning_rate_for(self, var):
+    """The learning rate that updates `var`."""
+    del var
     return self.learning_rate
 
   def apply_grad(self, grad, var):
@@ -238,7 +215,7 @@ class AdamWeightDecayOptimizer(Optimizer):
     update = next_m / (mtf.sqrt(next_v) + self.epsilon)
     if self._do_use_weight_decay(var.name):
       update += mtf.to_float(var.value) * self.weight_decay_rate
-    lr = _to_mtf_scalar(var.mesh, self.learning_rate)
+    lr = _to_mtf_scalar(var.mesh, self._learning_rate_for(var))
     update_with_lr = update * lr
     if update_with_lr.dtype != var.activation_dtype:
       update_with_lr = mtf.cast(update_with_lr, var.activation_dtype)
@@ -320,11 +297,12 @@ class AdafactorOptimizer(Optimizer):
     self._stacked_dim_names = set(stacked_dim_names or ())
     self._exclude_from_parameter_scale = exclude_from_parameter_scale or []
 
-  def _uses_global_step(self):
-    return (_is_schedule(self._learning_rate) or
-            _is_schedule(self._decay_rate))
-
   def _summary_learning_rate(self):
+    return self._learning_rate
+
+  def _learning_rate_for(self, var):
+    """The learning rate that updates `var`."""
+    del var
     return self._learning_rate
 
   def _factored_dims(self, shape):
@@ -366,7 +344,7 @@ class AdafactorOptimizer(Optimizer):
 
     decay_rate = _to_mtf_scalar(mesh, self._decay_rate)
     mixing_rate = 1.0 - decay_rate
-    learning_rate = _to_mtf_scalar(mesh, self._learning_rate)
+    learning_rate = _to_mtf_scalar(mesh, self._learning_rate_for(var))
     old_val = mtf.to_float(var.value)
     if self._scales_by_parameter(var):
       update_scale = mtf.maximum(reduce_rms(old_val),
@@ -458,3 +436,155 @@ def make_optimizer(hparams, lr):
     return adafactor_optimizer_from_hparams(hparams, lr)
   raise ValueError(f"Unknown optimizer {hparams.optimizer!r}; use 'SGD' or "
                    "'Adafactor'.")
+
+
+# ------------------------------------------ several learning-rate schedules
+
+
+def product_learning_rate(step, total_train_steps, factors, offset=0):
+  """The product of `factors` at `step`: a learning rate.
+
+  Each factor is a number or a function `f(step, total_train_steps)` (e.g.
+  the Transformer's learning-rate schedules); with an `offset`, functions
+  see `step - offset` and `total_train_steps - offset` (fine-tuning from a
+  checkpoint's step). The same as the Transformer's
+  `learning_rate_schedules.product_learning_rate`, kept here so that the
+  optimizers do not import the Transformer.
+
+  Args:
+    step: the step (a tf scalar, an mtf scalar or a number).
+    total_train_steps: a number.
+    factors: a list of numbers and/or functions.
+    offset: a number.
+
+  Returns:
+    the learning rate (of the type the factors give; 1.0 for no factors).
+  """
+  if factors is None:
+    raise ValueError("product_learning_rate needs factors: a list of "
+                     "numbers and/or functions of (step, total_train_steps).")
+  rate = 1.0
+  for factor in factors:
+    if callable(factor):
+      factor = factor(step - offset, total_train_steps - offset)
+    rate *= factor
+  return rate
+
+
+def compute_lr_for_step(schedules, learning_rate, train_steps=None):
+  """The learning rate of each schedule at TF's global step.
+
+  Args:
+    schedules: a list; each entry is None (use `learning_rate`) or a list of
+      factors for `product_learning_rate`, evaluated at TF's global step.
+    learning_rate: the rate for None entries (returned as it is: a number,
+      a tensor or a schedule of the step).
+    train_steps: the total number of training steps (the schedules'
+      `total_train_steps`); needed when a factor is a function.
+
+  Returns:
+    a list of rates, one per schedule (float32 tf scalars for factor lists).
+  """
+  rates = []
+  for schedule in schedules:
+    if schedule is None:
+      rates.append(learning_rate)
+      continue
+    if train_steps is None and any(callable(f) for f in schedule):
+      raise ValueError(
+          f"compute_lr_for_step: the schedule {schedule!r} needs "
+          "train_steps, the total number of training steps.")
+    step = global_step_lib.get_or_create_tf_global_step()
+    step = step.read_value() if isinstance(step, tf.Variable) else step
+    rate = product_learning_rate(step=step, total_train_steps=train_steps,
+                                 factors=schedule)
+    rates.append(tf.cast(rate, tf.float32))
+  return rates
+
+
+class _MultiLRSchedule:
+  """Mixin: variables matching a regex get that regex's learning rate.
+
+  The rate of a variable is that of the first regex of `variable_search`
+  that `re.search` finds in its name; other variables keep the optimizer's
+  own learning rate. (The original updated a matching variable once per
+  regex; here each variable is updated once.) Each alternative rate is
+  recorded as the scalar summary "alt_learning_rate" ("_1", "_2", ... for
+  the following ones).
+  """
+
+  def _init_schedules(self, variable_search, alt_lr_schedules, train_steps):
+    variable_search = list(variable_search)
+    alt_lr_schedules = list(alt_lr_schedules)
+    if len(variable_search) != len(alt_lr_schedules):
+      raise ValueError(
+          f"{type(self).__name__}: {len(variable_search)} variable_search "
+          f"regexes but {len(alt_lr_schedules)} alt_lr_schedules; give one "
+          "schedule per regex.")
+    self._variable_search = variable_search
+    self._alt_lr_schedules = alt_lr_schedules
+    self._train_steps = train_steps
+    self._alt_rates = None
+
+  def _compute_alt_rates(self):
+    kwargs = {}
+    if self._train_steps is not None:
+      kwargs["train_steps"] = self._train_steps
+    return compute_lr_for_step(self._alt_lr_schedules,
+                               self._summary_learning_rate(), **kwargs)
+
+  def apply_grads(self, grads, variables):
+    self._alt_rates = self._compute_alt_rates()
+    try:
+      ops = super().apply_grads(grads, variables)
+      live = [_as_variable(v) for v, g in zip(variables, grads)
+              if g is not None]
+      if live:
+        alternatives = [r for r, s in zip(self._alt_rates,
+                                          self._alt_lr_schedules)
+                        if s is not None]
+        for i, rate in enumerate(alternatives):
+          name = "alt_learning_rate" + (f"_{i}" if i else "")
+          mtf.scalar_summary(name, _to_mtf_scalar(live[0].mesh, rate))
+      return ops
+    finally:
+      self._alt_rates = None
+
+  def _learning_rate_for(self, var):
+    rates = self._alt_rates
+    if rates is None:
+      rates = self._compute_alt_rates()
+    for regex, rate in zip(self._variable_search, rates):
+      if re.search(regex, var.name) is not None:
+        return rate
+    return self._summary_learning_rate()
+
+
+class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
+  """Adafactor whose variables may follow other learning-rate schedules.
+
+  Args:
+    variable_search: a list of regexes of variable names.
+    alt_lr_schedules: one entry per regex: a list of factors for
+      `product_learning_rate` (evaluated at TF's global step), or None for
+      the optimizer's own learning rate.
+    train_steps: the schedules' total number of training steps (keyword
+      only; the original took it from gin's `compute_lr_for_step`).
+    **kwargs: AdafactorOptimizer's arguments.
+  """
+
+  def __init__(self, variable_search, alt_lr_schedules, *, train_steps=None,
+               **kwargs):
+    AdafactorOptimizer.__init__(self, **kwargs)
+    self._init_schedules(variable_search, alt_lr_schedules, train_steps)
+
+
+class AdamWithMultiLRSchedule(_MultiLRSchedule, AdamWeightDecayOptimizer):
+  """AdamWeightDecay whose variables may follow other learning-rate
+  schedules (see AdafactorWithMultiLRSchedule; **kwargs are
+  AdamWeightDecayOptimizer's arguments)."""
+
+  def __init__(self, variable_search, alt_lr_schedules, *, train_steps=None,
+               **kwargs):
+    AdamWeightDecayOptimizer.__init__(self, **kwargs)
+    self._init_schedules(variable_search, alt_lr_schedules, train_steps)

@@ -5,7 +5,9 @@ loss 0.5 * sum((w * x + b - y)^2). Each optimizer runs in a tf.function on
 one processor and on a 2-D mesh that shards w, b and every slot
 ("hidden:cols;io:rows"); two of them also eagerly and in tf.compat.v1 graph
 mode. The mesh implementation is made once, outside the tf.function: it owns
-the variables, which persist across the function's calls.
+the variables, which persist across the function's calls. The training loop
+owns TF's global step and increments it after each step, as the original's
+did; the optimizers only read it.
 """
 
 import math
@@ -16,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import global_step
 from mesh_tensorflow import optimize
 
 IO, HIDDEN = 8, 16
@@ -109,6 +112,17 @@ def _np_adafactor(lr_fn, decay_fn, scaled=("w", "b"), factored=(), beta1=0.0,
   return update
 
 
+def _per_param(**updates):
+  """An update applying `updates[k]` to parameter k (e.g. each with its own
+  learning rate)."""
+  def update(params, grads, slots, step):
+    for k, param_update in updates.items():
+      one = {k: params[k]}
+      param_update(one, grads, slots, step)
+      params[k] = one[k]
+  return update
+
+
 def _default_lr(step):
   return min(1.0 / math.sqrt(step + 1.0), 0.01)
 
@@ -132,36 +146,54 @@ def _np_train(update):
   return history
 
 
-# name -> (optimizer factory, NumPy update, uses the global step)
+# name -> (optimizer factory, NumPy update)
 CASES = {
-    "sgd": (lambda: optimize.SgdOptimizer(0.1), _np_sgd(0.1), False),
+    "sgd": (lambda: optimize.SgdOptimizer(0.1), _np_sgd(0.1)),
     "momentum": (lambda: optimize.MomentumOptimizer(0.1, 0.9),
-                 _np_momentum(0.1, 0.9), False),
+                 _np_momentum(0.1, 0.9)),
     "adam": (lambda: optimize.AdamWeightDecayOptimizer(
         0.01, weight_decay_rate=0.1, exclude_from_weight_decay=["b"]),
-             _np_adam(0.01, 0.1, 0.9, 0.999, 1e-6, excluded=("b",)), False),
+             _np_adam(0.01, 0.1, 0.9, 0.999, 1e-6, excluded=("b",))),
     "adafactor_default": (optimize.AdafactorOptimizer,
-                          _np_adafactor(_default_lr, _pow_decay), True),
+                          _np_adafactor(_default_lr, _pow_decay)),
     "adafactor_factored": (
         lambda: optimize.AdafactorOptimizer(
             learning_rate=0.05, beta1=0.5, clipping_threshold=2.0,
             decay_rate=optimize.adafactor_decay_rate_adam(0.99),
             min_dim_size_to_factor=8),
         _np_adafactor(lambda step: 0.05, _adam_decay(0.99), factored=("w",),
-                      beta1=0.5, clipping_threshold=2.0), True),
+                      beta1=0.5, clipping_threshold=2.0)),
     "adafactor_unscaled": (
         lambda: optimize.AdafactorOptimizer(
             multiply_by_parameter_scale=False, decay_rate=0.9,
             clipping_threshold=None),
         _np_adafactor(lambda step: 0.05 * _default_lr(step),
-                      lambda step: 0.9, scaled=(), clipping_threshold=None),
-        True),
+                      lambda step: 0.9, scaled=(), clipping_threshold=None)),
     "adafactor_excluded": (
         lambda: optimize.AdafactorOptimizer(
             learning_rate=tf.constant(0.02), decay_rate=0.5,
             exclude_from_parameter_scale=["b"]),
-        _np_adafactor(lambda step: 0.02, lambda step: 0.5, scaled=("w",)),
-        False),
+        _np_adafactor(lambda step: 0.02, lambda step: 0.5, scaled=("w",))),
+    # b follows 0.5 * (step + 1) / train_steps, w the optimizer's rate.
+    "adam_multi_lr": (
+        lambda: optimize.AdamWithMultiLRSchedule(
+            ["^b$", "b"],
+            [[0.5, lambda step, total: (tf.cast(step, tf.float32) + 1.0) /
+              total], None],
+            learning_rate=0.01, weight_decay_rate=0.1,
+            exclude_from_weight_decay=["b"], train_steps=10),
+        _per_param(
+            w=_np_adam(0.01, 0.1, 0.9, 0.999, 1e-6, excluded=()),
+            b=lambda params, grads, slots, step: _np_adam(
+                0.5 * (step + 1) / 10, 0.1, 0.9, 0.999, 1e-6,
+                excluded=("b",))(params, grads, slots, step))),
+    "adafactor_multi_lr": (
+        lambda: optimize.AdafactorWithMultiLRSchedule(
+            ["w"], [[0.1]], learning_rate=0.05, decay_rate=0.5,
+            train_steps=100),
+        _per_param(
+            w=_np_adafactor(lambda step: 0.1, lambda step: 0.5),
+            b=_np_adafactor(lambda step: 0.05, lambda step: 0.5))),
 }
 
 
@@ -191,6 +223,11 @@ def _train(make_optimizer, mesh_shape, layout, mode):
                for v in graph.all_variables}
     lowering = mtf.Lowering(graph, {mesh: impl})
     train_op = [lowering.lowered_operation(update) for update in updates]
+    if mode == "graph":
+      # After the updates, which read the step.
+      with tf.control_dependencies(train_op):
+        train_op.append(tf.compat.v1.assign_add(
+            tf.compat.v1.train.get_or_create_global_step(), 1))
     slice_shapes.update({
         v.name: [tuple(s.shape) for s in lowering.variables[v].slice_variables]
         for v in graph.all_variables})
@@ -208,36 +245,39 @@ def _train(make_optimizer, mesh_shape, layout, mode):
           sess.run(train_op)
           history.append(sess.run(values))
     return history, slice_shapes
-  values_only = lambda: step()[2]
+  global_step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def values_only():
+    values = step()[2]
+    global_step_variable.assign_add(1)
+    return values
+
   if mode == "function":
     values_only = tf.function(values_only)
-  history = [tf.nest.map_structure(np.asarray, values_only())
-             for _ in range(STEPS)]
+  with global_step.global_step_scope(global_step_variable):
+    history = [tf.nest.map_structure(np.asarray, values_only())
+               for _ in range(STEPS)]
   return history, slice_shapes
 
 
 def _check(case, mesh_shape, layout, mode):
-  make_optimizer, np_update, uses_step = CASES[case]
+  make_optimizer, np_update = CASES[case]
   history, slice_shapes = _train(make_optimizer, mesh_shape, layout, mode)
   want_history = _np_train(np_update)
   for step, (got, want) in enumerate(zip(history, want_history)):
-    assert sorted(got) == sorted(
-        list(want) + (["global_step"] if uses_step else []))
+    assert sorted(got) == sorted(want)
     for name, value in want.items():
       np.testing.assert_allclose(
           got[name], value, rtol=1e-5, atol=1e-5,
           err_msg=f"{case} [{mesh_shape}, {layout}, {mode}] {name!r} after "
           f"step {step + 1}")
-    if uses_step:
-      assert got["global_step"].dtype == np.int64
-      assert got["global_step"] == step + 1
   # The parameters changed; the check is not comparing two no-ops.
   assert not np.allclose(history[-1]["w"], W0, atol=1e-3)
   if mesh_shape != "all:1":
     # Slots are laid out like their parameters: io over rows (2), hidden
     # over cols (4).
     expected = {"w": (4, 4), "b": (4,), "w_slot_vr": (4,),
-                "w_slot_vc": (4,), "global_step": ()}
+                "w_slot_vc": (4,)}
     for name, shapes in slice_shapes.items():
       param = name.split("/")[0].split("_")[0]
       want_shape = expected.get(name, expected.get(param))
@@ -304,8 +344,7 @@ def test_slots_ignore_the_variable_scope():
     w = mtf.get_variable(mesh, "w", "a:4")
   with tf.compat.v1.variable_scope("optimizer"):
     optimize.AdafactorOptimizer().apply_grads([mtf.ones(mesh, "a:4")], [w])
-  assert sorted(graph.name_to_variable) == [
-      "global_step", "model/w", "model/w_slot_v"]
+  assert sorted(graph.name_to_variable) == ["model/w", "model/w_slot_v"]
   assert [v.name for v in graph.trainable_variables] == ["model/w"]
 
 
@@ -358,6 +397,7 @@ def test_learning_rate_is_a_scalar_summary(make_optimizer, want):
   for the estimator's TensorBoard summaries."""
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "hidden:all")
   optimizer = make_optimizer()
+  step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
   @tf.function(autograph=False)
   def step():
@@ -372,7 +412,70 @@ def test_learning_rate_is_a_scalar_summary(make_optimizer, want):
       lowering = mtf.Lowering(graph, {mesh: impl})
       for update in updates:
         lowering.lowered_operation(update)
+    step_variable.assign_add(1)
     return summaries["learning_rate"]
 
-  got = [float(step()) for _ in want]
+  with global_step.global_step_scope(step_variable):
+    got = [float(step()) for _ in want]
   np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_momentum_optimizer_properties():
+  optimizer = optimize.MomentumOptimizer(0.1, momentum=0.9)
+  assert optimizer.lr == 0.1 and optimizer.momentum == 0.9
+
+
+def test_reduce_rms_passes_reduce_mean_arguments():
+  converter = mtf.test_utils.NumpyConverter()
+  x_np = np.array([[3.0, 4.0], [0.0, 0.0]], np.float32)
+  x = converter.convert_np_array_to_mtf_tensor(x_np, ["a", "b"], tf.float32)
+  rows = optimize.reduce_rms(x, reduced_dim=x.shape.dims[1])
+  np.testing.assert_allclose(converter.convert_mtf_tensor_to_np_array(rows),
+                             np.sqrt([12.5, 0.0]), rtol=1e-6)
+  np.testing.assert_allclose(
+      converter.convert_mtf_tensor_to_np_array(optimize.reduce_rms(x)),
+      _rms(x_np), rtol=1e-6)
+
+
+def test_product_learning_rate():
+  def warmup(step, total_train_steps):
+    return min(1.0, step / (0.1 * total_train_steps))
+
+  assert optimize.product_learning_rate(5, 100, [0.5, warmup]) == 0.25
+  # With an offset, the functions see the step and total less the offset.
+  assert optimize.product_learning_rate(
+      7, 102, [2.0, warmup], offset=2) == 1.0
+  assert optimize.product_learning_rate(3, 10, []) == 1.0
+  with pytest.raises(ValueError, match="factors"):
+    optimize.product_learning_rate(3, 10, None)
+
+
+def test_compute_lr_for_step_reads_tfs_global_step():
+  step = tf.Variable(4, dtype=tf.int64, trainable=False)
+  linear = lambda s, total: tf.cast(s, tf.float32) / total
+  with global_step.global_step_scope(step):
+    rates = optimize.compute_lr_for_step([None, [3.0, linear]], 0.25,
+                                         train_steps=8)
+    assert rates[0] == 0.25
+    assert float(rates[1]) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="train_steps"):
+      optimize.compute_lr_for_step([[linear]], 0.25)
+
+
+def test_multi_lr_schedule_picks_the_first_matching_regex():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  enc = mtf.get_variable(mesh, "encoder/w", "a:4").operation
+  dec = mtf.get_variable(mesh, "decoder/w", "a:4").operation
+  optimizer = optimize.AdafactorWithMultiLRSchedule(
+      ["coder", "encoder"], [[0.5], [0.25]], learning_rate=0.1,
+      train_steps=10)
+  with global_step.global_step_scope(
+      tf.Variable(0, dtype=tf.int64, trainable=False)):
+    assert float(optimizer._learning_rate_for(enc)) == 0.5
+    assert float(optimizer._learning_rate_for(dec)) == 0.5
+    other = optimize.AdamWithMultiLRSchedule(["^x"], [[0.5]],
+                                             learning_rate=0.125)
+    assert other._learning_rate_for(enc) == 0.125
+  with pytest.raises(ValueError, match="2 variable_search regexes but 1"):
+    optimize.AdamWithMultiLRSchedule(["a", "b"], [None], learning_rate=0.1)

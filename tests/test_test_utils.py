@@ -42,3 +42,18 @@ def test_to_tf_tensor():
   lowering, tf_tensor = converter.convert_mtf_tensor_to_tf_tensor(t)
   assert isinstance(lowering, mtf.Lowering)
   np.testing.assert_array_equal(tf_tensor, [[1, 2]])
+
+
+def test_session_is_the_graphs_in_graph_mode_and_none_eagerly():
+  assert test_utils.NumpyConverter().session is None
+  with tf.Graph().as_default() as graph:
+    converter = test_utils.NumpyConverter()
+    session = converter.session
+    assert isinstance(session, tf.compat.v1.Session)
+    assert session.graph is graph and converter.session is session
+    t = converter.convert_np_array_to_mtf_tensor(np.array([1, 2, 3]))
+    np.testing.assert_array_equal(
+        converter.convert_mtf_tensor_to_np_array(x_mtf=t * 2), [2, 4, 6])
+    _, tf_tensor = converter.convert_mtf_tensor_to_tf_tensor(t + 1)
+    np.testing.assert_array_equal(converter.session.run(tf_tensor),
+                                  [2, 3, 4])

@@ -1,5 +1,9 @@
 """Train, checkpoint, restore under another mesh and layout, continue: the
-losses are those of an uninterrupted run (to float round-off)."""
+losses are those of an uninterrupted run (to float round-off).
+
+Each trainer owns its training step (TF's global step while it traces, read
+by Adafactor's schedules) and increments it after each step; the checkpoint
+holds it next to the model."""
 
 import os
 
@@ -8,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import global_step
 
 TOTAL_STEPS = 300
 SAVE_AT = 150
@@ -17,11 +22,13 @@ DATA = np.random.RandomState(0).randn(TOTAL_STEPS, BATCH, IO).astype(
 
 
 def _make_trainer(mesh_shape, layout):
-  """A tf.function running one step of a dropout MLP learning identity."""
+  """(mesh impl, step variable, a function running one step of a dropout
+  MLP learning identity)."""
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+  step = tf.Variable(0, dtype=tf.int64, trainable=False)
 
   @tf.function
-  def train_step(x):
+  def traced_step(x):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     batch = mtf.Dimension("batch", BATCH)
@@ -39,9 +46,15 @@ def _make_trainer(mesh_shape, layout):
     updates = optimizer.apply_grads(grads, graph_vars)
     lowering = mtf.Lowering(graph, {mesh: impl})
     del updates  # run in program order by tf.function
-    return lowering.export_to_tf_tensor(loss)
+    loss = lowering.export_to_tf_tensor(loss)
+    step.assign_add(1)
+    return loss
 
-  return impl, train_step
+  def train_step(x):
+    with global_step.global_step_scope(step):
+      return traced_step(x)
+
+  return impl, step, train_step
 
 
 def _run(train_step, first, last):
@@ -54,20 +67,24 @@ def _run(train_step, first, last):
 ], ids=["2d_to_model_parallel", "data_parallel_to_one"])
 def test_resume_under_another_layout_continues_the_same_run(
     tmp_path, source, target):
-  _, uninterrupted_step = _make_trainer(*source)
+  _, _, uninterrupted_step = _make_trainer(*source)
   uninterrupted = _run(uninterrupted_step, 0, TOTAL_STEPS)
 
-  impl, first_step = _make_trainer(*source)
+  impl, step, first_step = _make_trainer(*source)
   first_half = _run(first_step, 0, SAVE_AT)
-  path = tf.train.Checkpoint(model=impl).save(
+  path = tf.train.Checkpoint(model=impl, global_step=step).save(
       os.path.join(tmp_path, "ckpt"))
   saved = mtf.checkpointing.load_variables(path, prefix="model")
-  assert int(saved["global_step"]) == SAVE_AT
+  assert "global_step" not in saved  # The step is saved once, outside.
+  assert int(tf.train.load_checkpoint(path).get_tensor(
+      "global_step/.ATTRIBUTES/VARIABLE_VALUE")) == SAVE_AT
   assert int(saved["mtf_random_step"]) == SAVE_AT
 
-  restored_impl, second_step = _make_trainer(*target)
+  restored_impl, restored_step, second_step = _make_trainer(*target)
   # Restored into the variables as the first trace creates them.
-  status = tf.train.Checkpoint(model=restored_impl).restore(path)
+  status = tf.train.Checkpoint(model=restored_impl,
+                               global_step=restored_step).restore(path)
+  assert int(restored_step.numpy()) == SAVE_AT
   second_half = _run(second_step, SAVE_AT, TOTAL_STEPS)
   status.assert_consumed()
 

@@ -13,6 +13,11 @@ process killed while saving leaves at worst a temp directory or files of a
 checkpoint the state file does not list: every listed checkpoint is
 complete, and `remove_partial_checkpoints` deletes the leftovers before
 training resumes.
+
+The step is held once. Checkpoints of earlier versions of this project may
+also hold an mtf variable "global_step" (under "model/"), which optimizers
+with schedules used to create; it is ignored, and a checkpoint holding only
+that one gives the estimator's step its value.
 """
 
 import glob
@@ -24,6 +29,8 @@ import tensorflow as tf
 
 CHECKPOINT_NAME = "model.ckpt"
 INPUT_PIPELINE = "input_pipeline"
+GLOBAL_STEP_KEY = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
+_MTF_GLOBAL_STEP_KEY = "model/global_step/.ATTRIBUTES/VARIABLE_VALUE"
 _NUMBERED = re.compile(re.escape(CHECKPOINT_NAME) + r"-(\d+)(_temp)?(\..*)?$")
 
 
@@ -68,6 +75,7 @@ class Checkpointer:
     # Created now so that `write` saves it too: a plain
     # tf.train.Checkpoint(model=...) then restores with every object matched.
     self._checkpoint.save_counter  # pylint: disable=pointless-statement
+    self._global_step = global_step
     self._model_dir = model_dir
     self._max_to_keep = max_to_keep
     self._cleaned = False
@@ -81,6 +89,14 @@ class Checkpointer:
     if path is None:
       return None
     self._checkpoint.restore(path).expect_partial()
+    reader = tf.train.load_checkpoint(path)
+    keys = reader.get_variable_to_shape_map()
+    if GLOBAL_STEP_KEY not in keys and _MTF_GLOBAL_STEP_KEY in keys:
+      step = int(reader.get_tensor(_MTF_GLOBAL_STEP_KEY))
+      logging.warning("Checkpoint %s holds the step only as the mtf "
+                      "variable 'global_step' of an earlier version: "
+                      "resuming at step %d.", path, step)
+      self._global_step.assign(step)
     logging.info("Restored checkpoint %s", path)
     return path
 

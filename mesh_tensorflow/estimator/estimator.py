@@ -8,9 +8,11 @@ mesh implementation and restores the latest checkpoint into it, as
 tf.estimator rebuilt its graph, so each call sees what the checkpoints hold.
 
 Training runs `iterations_per_loop` steps per call of one compiled
-tf.function. The step count is the estimator's int64 "global_step",
-checkpointed with the model (it is not mtf's "global_step" variable, which
-only optimizers with schedules advance).
+tf.function. The estimator owns the one training step, an int64 variable
+checkpointed once, under "global_step", and increments it after each step.
+model_fn sees it as `params["global_step"]` and, while the estimator calls
+it, as TF's global step (`tf.compat.v1.train.get_or_create_global_step()`),
+which is also what the optimizers' learning-rate schedules read.
 
 The mesh implementation is a PlacementMeshImpl, a SimdMeshImpl with host
 collectives, or (mesh_impl "tpu") a SimdMeshImpl with TPU collectives
@@ -18,6 +20,7 @@ whose steps run through a TPUStrategy, made once per estimator; the loop is
 the same for all three (see mesh_impls.mesh_runner).
 """
 
+import contextlib
 import inspect
 import tempfile
 
@@ -26,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow import checkpointing
+from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow.estimator import checkpoints
 from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import export
@@ -47,7 +51,9 @@ class Estimator:
     config: a RunConfig (mesh shape, layout, mesh implementation,
       intervals).
     params: dict passed to model_fn and input_fn, with "mesh_impl",
-      "mesh_shape" and "layout" added for model_fn.
+      "mesh_shape", "layout" and "global_step" (the training step, an int64
+      tf.Variable; also TF's global step while model_fn runs) added for
+      model_fn.
   """
 
   def __init__(self, model_fn, model_dir=None, config=None, params=None):
@@ -122,13 +128,16 @@ class Estimator:
     del mode
     return dict(self._params)
 
-  def _model_params(self, mesh_impl, mode, layout):
+  def _model_params(self, mesh_impl, mode, layout, global_step):
     params = self._input_params(mode)
     params.update(mesh_impl=mesh_impl, mesh_shape=mesh_impl.shape.to_string,
-                  layout=layout)
+                  layout=layout, global_step=global_step)
     return params
 
-  def _call_model_fn(self, features, labels, mode, mesh_impl, layout=None):
+  def _call_model_fn(self, features, labels, mode, mesh_impl, global_step,
+                     layout=None):
+    """model_fn's EstimatorSpec; `global_step` is TF's global step while
+    model_fn runs (in the graph being traced)."""
     kwargs = {}
     parameters = inspect.signature(self._model_fn).parameters
     if "labels" in parameters:
@@ -137,10 +146,12 @@ class Estimator:
       kwargs["mode"] = mode
     if "params" in parameters:
       kwargs["params"] = self._model_params(
-          mesh_impl, mode, self._config.layout if layout is None else layout)
+          mesh_impl, mode, self._config.layout if layout is None else layout,
+          global_step)
     if "config" in parameters:
       kwargs["config"] = self._config
-    spec = self._model_fn(features=features, **kwargs)
+    with global_step_lib.global_step_scope(global_step):
+      spec = self._model_fn(features=features, **kwargs)
     if not isinstance(spec, estimator_spec.EstimatorSpec):
       raise TypeError(f"model_fn must return an EstimatorSpec, got {spec!r}.")
     if spec.mode != mode:
@@ -163,8 +174,7 @@ class Estimator:
     if config.mesh_impl == "tpu" and self._tpu is None:
       self._tpu = mesh_impls.tpu_strategy(config)
     mesh_impl = mesh_impls.make_mesh_impl(config, self._tpu)
-    global_step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                              name="global_step")
+    global_step = _new_global_step(mesh_impl)
     checkpointer = checkpoints.Checkpointer(
         self.model_dir, mesh_impl, global_step,
         max_to_keep=self._config.keep_checkpoint_max)
@@ -256,13 +266,21 @@ class Estimator:
   def _train_loop(self, mesh_impl, global_step, writer):
     """tf.function(iterator, n): runs n steps; returns the last loss."""
 
+    host_call_fns = []
+
     def model_program(features, labels):
       # Summaries come out of the program and are written by the step: a
       # SimdMeshImpl program runs once per device and cannot share a writer.
+      # So do a host call's tensors.
       with debug.collect_scalar_summaries() as summaries:
         spec = self._call_model_fn(features, labels, ModeKeys.TRAIN,
-                                   mesh_impl)
-      return tf.cast(spec.loss, tf.float32), summaries
+                                   mesh_impl, global_step)
+      host_args = []
+      if spec.host_call is not None:
+        host_call_fns[:] = [spec.host_call[0]]
+        host_args = spec.host_call[1]
+        summaries = {}  # The host call writes them.
+      return tf.cast(spec.loss, tf.float32), summaries, host_args
 
     run = mesh_impls.mesh_runner(mesh_impl, model_program)
     every = self._config.save_summary_steps
@@ -271,11 +289,16 @@ class Estimator:
     def train_step(features, labels):
       step = global_step.read_value() + 1
       record = tf.equal(step % every, 0) if every else tf.constant(False)
-      loss, summaries = run(features, labels)
+      loss, summaries, host_args = run(features, labels)
       with writer.as_default(step=step), tf.summary.record_if(record):
         debug.write_scalar("loss", loss)
         for name, value in summaries.items():
           debug.write_scalar(name, value)
+        if host_call_fns:
+          if isinstance(host_args, dict):
+            host_call_fns[0](**host_args)
+          else:
+            host_call_fns[0](*host_args)
       with tf.control_dependencies([loss]):
         global_step.assign_add(1)
       return loss
@@ -301,7 +324,8 @@ class Estimator:
         ModeKeys.EVAL, checkpoint_path, require_checkpoint=True)
 
     def model_program(features, labels):
-      spec = self._call_model_fn(features, labels, ModeKeys.EVAL, mesh_impl)
+      spec = self._call_model_fn(features, labels, ModeKeys.EVAL, mesh_impl,
+                                 global_step)
       outputs = {"loss": spec.loss}
       outputs.update(spec.eval_metric_ops)
       return {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
@@ -339,11 +363,12 @@ class Estimator:
               checkpoint_path=None, yield_single_examples=True):
     """Yields the predictions of each example (or batch) as NumPy."""
     del hooks
-    mesh_impl, _, _, _ = self._start(ModeKeys.PREDICT, checkpoint_path,
-                                     require_checkpoint=True)
+    mesh_impl, global_step, _, _ = self._start(
+        ModeKeys.PREDICT, checkpoint_path, require_checkpoint=True)
 
     def model_program(features):
-      spec = self._call_model_fn(features, None, ModeKeys.PREDICT, mesh_impl)
+      spec = self._call_model_fn(features, None, ModeKeys.PREDICT, mesh_impl,
+                                 global_step)
       predictions = spec.predictions
       if predict_keys is not None:
         predictions = {k: predictions[k] for k in predict_keys}
@@ -380,12 +405,15 @@ class Estimator:
     path = self._require_checkpoint(checkpoint_path)
     receiver = serving_input_receiver_fn()
     mesh_impl = mesh_impls.make_serving_mesh_impl()
-    status = tf.train.Checkpoint(model=mesh_impl).restore(path)
+    global_step = _new_global_step(mesh_impl)
+    status = tf.train.Checkpoint(model=mesh_impl,
+                                 global_step=global_step).restore(path)
     status.expect_partial()
 
     def predict_fn(features):
       return self._call_model_fn(features, None, ModeKeys.PREDICT,
-                                 mesh_impl, layout="").predictions
+                                 mesh_impl, global_step,
+                                 layout="").predictions
 
     with tf.device("/device:CPU:0"):
       result = export.save_serving_model(
@@ -395,3 +423,15 @@ class Estimator:
     return result
 
   export_savedmodel = export_saved_model
+
+
+def _new_global_step(mesh_impl):
+  """The int64 training step of a run (made where the program can read it:
+  under the TPUStrategy of a TPU mesh implementation)."""
+  strategy = getattr(mesh_impl, "strategy", None)
+  scope = strategy.scope() if strategy is not None else (
+      contextlib.nullcontext())
+  with scope:
+    return tf.Variable(
+        0, dtype=tf.int64, trainable=False, name="global_step",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

@@ -28,6 +28,10 @@ class EstimatorSpec(collections.namedtuple("EstimatorSpec", _FIELDS)):
       sessions to hook into).
   """
 
+  # (fn, tensors) called on the host after each training step; see
+  # TPUEstimatorSpec.
+  host_call = None
+
   def __new__(cls, mode, loss=None, train_op=None, predictions=None,
               eval_metric_ops=None, export_outputs=None, scaffold=None,
               training_hooks=None, evaluation_hooks=None,
@@ -53,8 +57,12 @@ class EstimatorSpec(collections.namedtuple("EstimatorSpec", _FIELDS)):
 class TPUEstimatorSpec(EstimatorSpec):
   """EstimatorSpec with TPUEstimatorSpec's extra arguments.
 
-  `host_call` is ignored: mtf.scalar_summary values reach TensorBoard
-  without it. `eval_metrics` is (metric_fn, tensors): metric_fn(*tensors)
+  `host_call` is (fn, tensors), tensors a list or dict of tf.Tensors of
+  the training program (e.g. `mtf.utils.create_host_call(model_dir)`): in
+  training, the estimator calls fn(*tensors) (or fn(**tensors)) after each
+  step, under its summary writer and summary schedule, and leaves writing
+  the mtf.scalar_summary values to it; without one, the estimator writes
+  them itself. `eval_metrics` is (metric_fn, tensors): metric_fn(*tensors)
   must return a dict name -> scalar tensor.
   """
 
@@ -62,7 +70,12 @@ class TPUEstimatorSpec(EstimatorSpec):
               eval_metrics=None, export_outputs=None, scaffold_fn=None,
               host_call=None, training_hooks=None, evaluation_hooks=None,
               prediction_hooks=None):
-    del scaffold_fn, host_call  # No sessions or host calls in TF2.
+    del scaffold_fn  # No sessions in TF2.
+    if host_call is not None and (
+        not isinstance(host_call, (tuple, list)) or len(host_call) != 2 or
+        not callable(host_call[0])):
+      raise ValueError("TPUEstimatorSpec host_call must be (fn, tensors), "
+                       f"got {host_call!r}.")
     metric_ops = None
     if eval_metrics is not None:
       metric_fn, tensors = eval_metrics
@@ -70,10 +83,12 @@ class TPUEstimatorSpec(EstimatorSpec):
         metric_ops = metric_fn(**tensors)
       else:
         metric_ops = metric_fn(*tensors)
-    return super().__new__(cls, mode, loss=loss, train_op=train_op,
+    spec = super().__new__(cls, mode, loss=loss, train_op=train_op,
                            predictions=predictions,
                            eval_metric_ops=metric_ops,
                            export_outputs=export_outputs,
                            training_hooks=training_hooks,
                            evaluation_hooks=evaluation_hooks,
                            prediction_hooks=prediction_hooks)
+    spec.host_call = None if host_call is None else tuple(host_call)
+    return spec

@@ -45,6 +45,11 @@ def Print(x, data, message, name=None, **kwargs):  # pylint: disable=invalid-nam
 
 _SUMMARY_COLLECTORS = []
 
+# The TF graph collection of (name, scalar tf.Tensor) pairs that lowering a
+# scalar_summary adds to outside eager execution, as in the original
+# (`mtf.utils.create_host_call` reads it).
+SCALAR_SUMMARIES_COLLECTION_KEY = "mtf_scalar_summaries"
+
 
 @contextlib.contextmanager
 def collect_scalar_summaries():
@@ -86,6 +91,9 @@ class ScalarSummaryOperation(graph_lib.Operation):
     x = self._inputs[0]
     value = lowering.export_to_tf_tensor(x)
     lowering.add_scalar_summary(self._summary_name, value)
+    if not tf.executing_eagerly():
+      tf.compat.v1.add_to_collection(SCALAR_SUMMARIES_COLLECTION_KEY,
+                                     (self._summary_name, value))
     if _SUMMARY_COLLECTORS:
       _SUMMARY_COLLECTORS[-1][self._summary_name] = value
     else:

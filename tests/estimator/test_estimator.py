@@ -61,18 +61,6 @@ def test_iterations_per_loop_gives_the_same_run(tmp_path):
   _assert_same_variables(_variables(one), _variables(loop))
 
 
-def _event_scalars(directory):
-  """{tag: {step: value}} of the event files in `directory`."""
-  scalars = {}
-  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
-    for record in tf.data.TFRecordDataset(path):
-      event = tf.compat.v1.Event.FromString(record.numpy())
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, {})[event.step] = float(
-            tf.make_ndarray(value.tensor))
-  return scalars
-
-
 def test_summaries_log_lines_and_checkpoint_pruning(tmp_path, caplog):
   est = toy_model.make_estimator(
       tmp_path, save_summary_steps=2, log_step_count_steps=2,
@@ -89,7 +77,7 @@ def test_summaries_log_lines_and_checkpoint_pruning(tmp_path, caplog):
              for m in messages), messages
   assert any(m.startswith("global_step/sec: ") for m in messages)
 
-  scalars = _event_scalars(str(tmp_path))
+  scalars = toy_model.event_scalars(str(tmp_path))
   assert sorted(scalars["loss"]) == [2, 4, 6]
   assert sorted(scalars["learning_rate"]) == [2, 4, 6]  # By the optimizer.
   assert scalars["learning_rate"][4] == pytest.approx(0.1)
@@ -98,7 +86,7 @@ def test_summaries_log_lines_and_checkpoint_pruning(tmp_path, caplog):
   assert scalars["loss"][6] < scalars["loss"][2]
 
   est.evaluate(toy_model.eval_input_fn)
-  assert "mae" in _event_scalars(str(tmp_path / "eval"))
+  assert "mae" in toy_model.event_scalars(str(tmp_path / "eval"))
   # Old checkpoints are pruned.
   assert [os.path.basename(p) for p in tf.train.get_checkpoint_state(
       str(tmp_path)).all_model_checkpoint_paths] == [
@@ -117,8 +105,9 @@ def test_simd_trains_like_placement(tmp_path):
   # mtf.scalar_summary values come out of the SIMD program too.
   for name in ("loss", "learning_rate", "mean_abs_error"):
     np.testing.assert_allclose(
-        sorted(_event_scalars(str(tmp_path / "s"))[name].items()),
-        sorted(_event_scalars(str(tmp_path / "p"))[name].items()), rtol=1e-5)
+        sorted(toy_model.event_scalars(str(tmp_path / "s"))[name].items()),
+        sorted(toy_model.event_scalars(str(tmp_path / "p"))[name].items()),
+        rtol=1e-5)
   assert simd.evaluate(toy_model.eval_input_fn)["loss"] == pytest.approx(
       placement.evaluate(toy_model.eval_input_fn)["loss"], rel=1e-5)
 

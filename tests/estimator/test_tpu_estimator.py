@@ -117,6 +117,26 @@ def test_eval_on_tpu_false_evaluates_on_the_host(tmp_path, made_impls):
   assert eval_params == [False]
 
 
+def test_tpu_model_fn_sees_the_step_on_every_core(tmp_path, made_impls):
+  """Under the strategy, model_fn (run once per core) reads the estimator's
+  step as TF's global step and as params["global_step"]."""
+  config = estimator.RunConfig(
+      model_dir=str(tmp_path), mesh_shape=MESH, layout=LAYOUT,
+      strategy=simulated_tpu.stand_in_strategy(), save_summary_steps=1,
+      tpu_config=estimator.TPUConfig(iterations_per_loop=2))
+  est = estimator.TPUEstimator(toy_model.step_reading_model_fn,
+                               config=config, use_tpu=True,
+                               train_batch_size=toy_model.BATCH)
+  est.train(toy_model.input_fn, steps=3)
+  assert made_impls and est.get_variable_value("global_step") == 3
+  scalars = toy_model.event_scalars(str(tmp_path))
+  for tag in ("seen/tf_global_step", "seen/params_global_step"):
+    assert scalars[tag] == {1: 0.0, 2: 1.0, 3: 2.0}
+  np.testing.assert_allclose(
+      [scalars["learning_rate"][n] for n in (1, 2, 3)], [0.01, 0.02, 0.03],
+      rtol=1e-6)
+
+
 class _FakeResolver:
 
   def master(self):

@@ -1,5 +1,8 @@
 """A tiny mtf regression model and inputs for the estimator tests."""
 
+import glob
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -91,3 +94,50 @@ def assert_same_variables(a, b, rtol=1e-5):
   for name in a:
     np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=1e-7,
                                err_msg=name)
+
+
+def _scalar(mesh, tf_value):
+  return mtf.import_fully_replicated(mesh, tf.cast(tf_value, tf.float32), [])
+
+
+def step_reading_model_fn(features, labels, mode, params):
+  """Linear regression with SGD at the rate 0.01 * (step + 1), recording
+  the step as model_fn sees it through TF's global step and params."""
+  tf_step = tf.compat.v1.train.get_or_create_global_step()
+  if tf_step is not params["global_step"]:
+    raise AssertionError(f"TF's global step {tf_step!r} is not the "
+                         f"estimator's {params['global_step']!r}.")
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  batch = mtf.Dimension("batch", BATCH)
+  io = mtf.Dimension("io", IO)
+  hidden = mtf.Dimension("hidden", IO)
+  x = mtf.import_tf_tensor(mesh, features["x"], [batch, io])
+  y = mtf.import_tf_tensor(mesh, labels, [batch, hidden])
+  w = mtf.get_variable(mesh, "w", [io, hidden])
+  loss = mtf.reduce_mean(mtf.square(mtf.einsum([x, w], [batch, hidden]) - y))
+  updates = []
+  if mode == estimator.ModeKeys.TRAIN:
+    mtf.scalar_summary("seen/tf_global_step", _scalar(mesh, tf_step))
+    mtf.scalar_summary("seen/params_global_step",
+                       _scalar(mesh, params["global_step"]))
+    (grad,) = mtf.gradients([loss], [w])
+    optimizer = mtf.optimize.SgdOptimizer(
+        lambda step: (step + 1.0) * 0.01)
+    updates = optimizer.apply_grads([grad], [w.operation])
+  lowering = mtf.Lowering(graph, {mesh: params["mesh_impl"]})
+  return estimator.EstimatorSpec(
+      mode, loss=lowering.export_to_tf_tensor(loss),
+      train_op=tf.group([lowering.lowered_operation(u) for u in updates]))
+
+
+def event_scalars(directory):
+  """{tag: {step: value}} of the event files in `directory`."""
+  scalars = {}
+  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+    for record in tf.data.TFRecordDataset(path):
+      event = tf.compat.v1.Event.FromString(record.numpy())
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, {})[event.step] = float(
+            tf.make_ndarray(value.tensor))
+  return scalars
