@@ -111,13 +111,17 @@ class HostCollectives:
     the member TF ranks r. One small gather per grouping and program."""
     graph = tf.compat.v1.get_default_graph()
     orders = self._rank_orders.setdefault(graph, {})
-    key = tuple(tuple(g) for g in group_assignment)
+    pnum = self._pnum_fn()
+    # Per processor-number tensor too: a strategy's replicas may be traced
+    # into one graph, and each must take part in its own probe.
+    key = (pnum.ref() if tf.is_tensor(pnum) else pnum,
+           tuple(tuple(g) for g in group_assignment))
     if key not in orders:
       position = [0] * len(self._devices)
       for group in group_assignment:
         for i, member in enumerate(group):
           position[member] = i
-      mine = tf.gather(tf.constant(position, tf.int32), self._pnum_fn())
+      mine = tf.gather(tf.constant(position, tf.int32), pnum)
       orders[key] = self._raw_all_gather(mine[tf.newaxis], group_assignment)
     return orders[key]
 

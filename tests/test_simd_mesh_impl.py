@@ -118,8 +118,8 @@ def test_slice_gives_each_processor_its_block():
   got = tf.function(lambda x: impl.run_each(program, x))(tf.constant(full))
   for pnum, block in enumerate(got):
     row, col = divmod(pnum, 2)
-    np.testing.assert_array_equal(block,
-                                  full[2 * row:2 * row + 2, 3 * col:3 * col + 3])
+    np.testing.assert_array_equal(
+        block, full[2 * row:2 * row + 2, 3 * col:3 * col + 3])
 
 
 def test_tpu_placement_helpers_under_the_original_module():
