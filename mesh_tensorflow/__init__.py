@@ -29,6 +29,7 @@ from mesh_tensorflow.mesh_impl import compatible_lazy_allreduce_sums
 from mesh_tensorflow.mesh_impl import convert_args_to_laid_out_tensors
 from mesh_tensorflow.mesh_impl import LaidOutTensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.mesh_impl import LazyLaidOutTensor
 from mesh_tensorflow.mesh_impl import MeshImpl
 from mesh_tensorflow.ops import *  # pylint: disable=wildcard-import
 from mesh_tensorflow.ops import mtf_abs as abs  # pylint: disable=redefined-builtin

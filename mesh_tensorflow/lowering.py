@@ -108,7 +108,7 @@ class Lowering:
     """The full value of mtf Tensor `x` as one tf.Tensor."""
     with self._counting():
       return self.mesh_impl(x).export_to_tf_tensor(
-          self.laid_out_tensor(x), x.shape)
+          x, self.laid_out_tensor(x))
 
   def lowered_operation(self, op):
     """The TF op of an mtf Operation (an Assign, say); None when eager."""

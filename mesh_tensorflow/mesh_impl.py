@@ -1,10 +1,13 @@
 """MeshImpl: how a mesh is laid out and how its processors communicate.
 
 A mesh implementation knows the mesh shape and the layout rules, so it can say
-which slice of each tensor every processor holds. Backends implement a short
-list of abstract members (slicewise computation, four collectives, the
-processor number, import/export, random numbers, variables); everything else
-here is derived from them.
+which slice of each tensor every processor holds. `MeshImpl` itself answers
+such layout questions; backends (PlacementMeshImpl, SimdMeshImpl) provide a
+short list of members (slicewise computation, four collectives, the
+processor number, import/export, random numbers, laid-out variables) and
+everything else here is derived from them. The lowered values of mtf tensors
+(LaidOutTensor and the lazy kinds) and the laid-out variable protocol live
+here too.
 
 On the mesh "rows:2;cols:2" with rules "batch:rows", a tensor
 [batch=4, d=6] has slices [2, 6]: processors 0 and 1 (row 0) hold batch rows
@@ -12,14 +15,14 @@ On the mesh "rows:2;cols:2" with rules "batch:rows", a tensor
 along "cols".
 """
 
-import abc
-
 import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import processors
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
+from mesh_tensorflow import stateless_random
+from mesh_tensorflow import variable_store as variable_store_lib
 
 
 class LaidOutTensor:
@@ -69,32 +72,82 @@ class LazyAllreduceSum:
   Reductions over split dimensions produce partial sums. Deferring the
   allreduce lets linear operations (adds, reshapes, scalar multiplies) act on
   the partial sums first, so that several of them share one allreduce.
+
+  Args:
+    mesh_impl: the MeshImpl that will do the allreduce.
+    laid_out_input: the LaidOutTensor of partial sums.
+    mesh_axes: the mesh axes (ints) to sum over.
+    add_counter_fn: optional function of no arguments, called once if and
+      when the allreduce is built (to count it in a Lowering's counters).
   """
 
-  def __init__(self, mesh_impl, laid_out_input, mesh_axes):
+  def __init__(self, mesh_impl, laid_out_input, mesh_axes,
+               add_counter_fn=None):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
+    self.add_counter_fn = add_counter_fn
     self._reduced = None
 
   def to_laid_out_tensor(self):
+    """The reduced LaidOutTensor (the allreduce is built once, here)."""
     if self._reduced is None:
       self._reduced = self.mesh_impl.allreduce(
           self.laid_out_input, self.mesh_axes, "SUM")
+      if self.add_counter_fn is not None:
+        self.add_counter_fn()
     return self._reduced
+
+  def __add__(self, other):
+    """The sum with `other`: still lazy when `other` is a lazy sum over the
+    same mesh axes (one allreduce for both), else reduced now."""
+    if compatible_lazy_allreduce_sums([self, other]):
+      return LazyAllreduceSum(
+          self.mesh_impl,
+          self.mesh_impl.slicewise(tf.add, self.laid_out_input,
+                                   other.laid_out_input),
+          self.mesh_axes, add_counter_fn=self.add_counter_fn)
+    return self.mesh_impl.slicewise(tf.add, *convert_args_to_laid_out_tensors(
+        [self, other]))
 
   @property
   def slice_shape(self):
     return self.laid_out_input.slice_shape
 
 
-def compatible_lazy_allreduce_sums(values):
-  """True if `values` are lazy sums over the same mesh axes."""
-  if not values or not all(isinstance(v, LazyAllreduceSum) for v in values):
+class LazyLaidOutTensor:
+  """A laid-out value computed when first needed.
+
+  Args:
+    to_laid_out_tensor_fn: function of no arguments returning the
+      LaidOutTensor; called at most once.
+    slice_shape: the static shape of one slice (list of ints), known before
+      the value is computed.
+  """
+
+  def __init__(self, to_laid_out_tensor_fn, slice_shape):
+    self._to_laid_out_tensor_fn = to_laid_out_tensor_fn
+    self._slice_shape = list(slice_shape)
+    self._value = None
+
+  def to_laid_out_tensor(self):
+    if self._value is None:
+      self._value = self._to_laid_out_tensor_fn().to_laid_out_tensor()
+    return self._value
+
+  @property
+  def slice_shape(self):
+    return self._slice_shape
+
+
+def compatible_lazy_allreduce_sums(xs):
+  """True if `xs` are lazy sums on one mesh implementation over the same
+  mesh axes (so that they can be added before one allreduce)."""
+  if not xs or not all(isinstance(x, LazyAllreduceSum) for x in xs):
     return False
-  first = values[0]
-  return all(v.mesh_impl is first.mesh_impl and v.mesh_axes == first.mesh_axes
-             for v in values)
+  first = xs[0]
+  return all(x.mesh_impl is first.mesh_impl and x.mesh_axes == first.mesh_axes
+             for x in xs)
 
 
 def convert_args_to_laid_out_tensors(xs):
@@ -103,15 +156,112 @@ def convert_args_to_laid_out_tensors(xs):
           for x in xs]
 
 
-class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
-  """Abstract mesh implementation: shape, layout rules and collectives.
+def full_shape_of(x, what):
+  """The mtf Shape of `x`, an mtf Tensor or a Shape (or convertible).
+
+  `what` names the caller in the error raised for a tf.Tensor or array,
+  i.e. for arguments given in the order (tf_x, shape) instead of the
+  original's (x, tf_x).
+  """
+  if hasattr(x, "operation") and hasattr(x, "shape"):
+    return x.shape
+  if tf.is_tensor(x) or hasattr(x, "__array__"):
+    raise TypeError(
+        f"{what}: x must be the mtf Tensor (or its mtf Shape) whose value is "
+        f"given, got {type(x).__name__} {x!r:.80}. The arguments are "
+        "(x, tf_x) / (x, laid_out_x), as in the original Mesh TensorFlow.")
+  return shape_lib.convert_to_shape(x)
+
+
+class LaidOutVariable:
+  """The protocol of the TF variables behind one mtf variable on a mesh.
+
+  A mesh implementation's `make_laid_out_variable(variable)` returns one of
+  these (its class is the implementation's `LaidOutVariable`); the Variable,
+  ReadVariable and Assign operations and the Lowering use only the members
+  below. Each slice variable holds one processor's slice in the variable's
+  slice dtype; reads give the activation dtype.
+  """
+
+  @property
+  def laid_out_tensor(self):
+    """The slices' current values (activation dtype), as a LaidOutTensor."""
+    raise NotImplementedError(_missing(self, "laid_out_tensor"))
+
+  def read(self, share_stack_read=False):
+    """Reads the slices anew (after an assignment, say).
+
+    `share_stack_read` lets members of one stacked variable share a read.
+    """
+    raise NotImplementedError(_missing(self, "read"))
+
+  def assign_to_slices(self, assign_fn, values):
+    """Runs `assign_fn(slice_variable, value)` for every slice; returns the
+    grouped TF op (None when eager)."""
+    raise NotImplementedError(_missing(self, "assign_to_slices"))
+
+  def copy_master_to_slices(self):
+    """Compat graph mode: an op filling the slices from the master variable
+    (None when eager, where the slices are the variables)."""
+    raise NotImplementedError(_missing(self, "copy_master_to_slices"))
+
+  def copy_slices_to_master(self):
+    """Compat graph mode: an op writing the assembled slices to the master
+    (None when eager)."""
+    raise NotImplementedError(_missing(self, "copy_slices_to_master"))
+
+  @property
+  def slice_variables(self):
+    """The TF variables holding the slices, in processor order."""
+    raise NotImplementedError(_missing(self, "slice_variables"))
+
+  @property
+  def master(self):
+    """The master (full-size, host) TF variable, or None."""
+    raise NotImplementedError(_missing(self, "master"))
+
+  @property
+  def storage(self):
+    """The implementation's record of the slice variables (what the
+    variable store keeps under the variable's name)."""
+    raise NotImplementedError(_missing(self, "storage"))
+
+
+def _missing(obj, member):
+  return (f"{type(obj).__name__}.{member} is not implemented: a mesh "
+          "implementation must provide it.")
+
+
+class MeshImpl(tf.__internal__.tracking.Trackable):
+  """A mesh's shape and layout rules; the base of mesh implementations.
+
+  Built directly, `MeshImpl(shape, layout_rules)` answers layout questions
+  without devices: `tensor_layout`, `tensor_dimension_to_mesh_axis`,
+  `slice_shape`, `slice_begin`, `laid_out_size`, `processor_groups`, ...
+  Lowering needs a backend (PlacementMeshImpl, SimdMeshImpl), which provides
+  the members that raise NotImplementedError here: `slicewise`, the
+  collectives `allreduce`, `allconcat`, `alltoall`, `receive`,
+  `laid_out_pnum`, `import_tf_tensor`, `export_to_tf_tensor`, `random`,
+  `devices` and `LaidOutVariable` (or `make_laid_out_variable`). Everything
+  else is derived from them.
 
   A mesh implementation owns the TF variables of the mtf variables lowered
-  onto it, and is trackable: `tf.train.Checkpoint(model=mesh_impl)` saves
-  them by mtf name, independently of the layout (see `checkpointing`).
+  onto it (its `variable_store`), and is trackable:
+  `tf.train.Checkpoint(model=mesh_impl)` saves them by mtf name,
+  independently of the layout (see `checkpointing`).
+
+  Args:
+    shape: the mesh shape, e.g. "rows:2;cols:4" or a list of Dimensions.
+    layout_rules: e.g. "batch:rows;hidden:cols" or a LayoutRules.
+
+  Raises:
+    LayoutError: a rule names a mesh dimension the mesh does not have.
   """
 
   LaidOutTensor = LaidOutTensor
+  # The backend's LaidOutVariable class, built as
+  # LaidOutVariable(variable, mesh_impl) by `make_laid_out_variable`.
+  LaidOutVariable = None
 
   def __init__(self, shape, layout_rules):
     self._shape = shape_lib.convert_to_shape(shape)
@@ -124,10 +274,18 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
             f"{mesh_dim!r}, which mesh {self._shape.to_string} does not have "
             f"(its dimensions are {mesh_names}).")
     self._counter_fn = None
+    self._variable_store = None
 
   def __repr__(self):
     rules = ";".join(f"{t}:{m}" for t, m in self._layout_rules)
     return f"{type(self).__name__}({self._shape.to_string}, {rules!r})"
+
+  def _not_implemented(self, member):
+    """The error of a member only backends provide."""
+    return NotImplementedError(
+        f"{type(self).__name__}.{member} is not implemented: MeshImpl itself "
+        "only answers layout questions (tensor_layout, slice_shape, ...). "
+        "Lower onto a PlacementMeshImpl or a SimdMeshImpl.")
 
   # ---------------------------------------------------------------- layout
 
@@ -149,9 +307,11 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
 
   @property
   def supports_control_dependencies(self):
+    """Whether lowered ops may carry control dependencies (XLA: no)."""
     return True
 
   def tensor_dimension_to_mesh_axis(self, tensor_dimension):
+    """The mesh axis (int) `tensor_dimension` is split over, or None."""
     return self._layout_rules.tensor_dimension_to_mesh_axis(
         tensor_dimension, self._shape)
 
@@ -159,7 +319,6 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
     """The TensorLayout of an mtf Tensor or a Shape on this mesh."""
     tensor_shape = arg.shape if hasattr(arg, "operation") else arg
     return self._layout_rules.tensor_layout(tensor_shape, self._shape)
-
   def mesh_axis_to_cumprod(self, tensor_shape):
     """For each mesh axis, the exclusive cumprod of the tensor axis split
     over it (None if none is): where that split sits in row-major order."""
@@ -232,7 +391,8 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
   # ---------------------------------------------------------- counters
 
   def set_counter_fn(self, counter_fn):
-    """Installs fn(key, value) that collectives report their traffic to."""
+    """Installs fn(key, value) that collectives report their traffic to;
+    returns the previous one (the Lowering installs its `add_counter`)."""
     previous = self._counter_fn
     self._counter_fn = counter_fn
     return previous
@@ -250,60 +410,86 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
     self._count(f"comm/{kind}/{axes}/calls", 1)
     self._count(f"comm/{kind}/{axes}/bytes", nbytes)
 
-  # ------------------------------------------------------ abstract members
+  # ------------------------------------------------------ backend members
 
-  @abc.abstractmethod
+  @property
+  def devices(self):
+    """The device of each processor, in processor number order."""
+    raise self._not_implemented("devices")
+
   def slicewise(self, fn, *inputs):
     """Applies `fn` to each slice; non-laid-out arguments go to every call.
 
     Returns a LaidOutTensor, or a tuple of them when `fn` returns a tuple.
     """
+    raise self._not_implemented("slicewise")
 
-  @abc.abstractmethod
   def allreduce(self, x, mesh_axes, reduction_fn_string):
     """Sums ("SUM") or takes "MAX"/"MIN" of `x` within groups along
     `mesh_axes`; every member of a group gets the result."""
+    raise self._not_implemented("allreduce")
 
-  @abc.abstractmethod
   def allconcat(self, x, mesh_axis, concat_axis):
     """Concatenates the slices of each group along `mesh_axis` on tensor
     axis `concat_axis`, in coordinate order; every member gets the result."""
+    raise self._not_implemented("allconcat")
 
-  @abc.abstractmethod
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     """Within groups along `mesh_axis`: splits each slice into group-size
     pieces on `split_axis` and gives piece k to member k, which
     concatenates what it receives on `concat_axis` in coordinate order."""
+    raise self._not_implemented("alltoall")
 
-  @abc.abstractmethod
   def receive(self, x, mesh_axis, source_pcoord):
     """Member i of each group along `mesh_axis` gets the slice of member
     `source_pcoord[i]`, or zeros where that is None."""
+    raise self._not_implemented("receive")
 
-  @abc.abstractmethod
   def laid_out_pnum(self):
     """A laid-out value holding each processor's number."""
+    raise self._not_implemented("laid_out_pnum")
 
-  @abc.abstractmethod
-  def import_tf_tensor(self, x, shape):
-    """Lays out a full tf.Tensor `x` of mtf shape `shape`."""
+  def import_tf_tensor(self, x, tf_x):
+    """Lays out `tf_x`, the full value of mtf Tensor `x`.
 
-  @abc.abstractmethod
-  def export_to_tf_tensor(self, x, shape):
-    """Assembles the full tf.Tensor of mtf shape `shape` from laid-out `x`."""
+    Args:
+      x: the mtf Tensor (or its Shape) that `tf_x` is the value of.
+      tf_x: a tf.Tensor (or anything convertible) of x's full shape.
 
-  @abc.abstractmethod
-  def random(self, shape, distribution, seed, dtype=tf.float32, **params):
+    Returns:
+      a LaidOutTensor.
+    """
+    raise self._not_implemented("import_tf_tensor")
+
+  def export_to_tf_tensor(self, x, laid_out_x):
+    """The full tf.Tensor of mtf Tensor `x` from its laid-out value.
+
+    Args:
+      x: the mtf Tensor (or its Shape).
+      laid_out_x: its LaidOutTensor (or lazy laid-out value).
+
+    Returns:
+      a tf.Tensor of x's full shape.
+    """
+    raise self._not_implemented("export_to_tf_tensor")
+
+  def random(self, shape, tf_fn, kwargs):
     """A laid-out random tensor of mtf `shape`, the same under every layout.
 
-    Each processor computes its own slice with
-    `stateless_random.sample(distribution, seed, full_shape, slice_shape,
-    begin, dtype, **params)`, where `begin` is where its slice starts in the
-    full tensor (ints, or scalar integer tensors derived from the processor
-    number in an SPMD program). Every element is a pure function of (seed,
-    its linear index in the full tensor), so replicated slices agree,
-    different blocks differ, and the exported full tensor does not depend on
-    the mesh or the layout. No communication; O(slice size) work.
+    `tf_fn` names the distribution the way the original library did, by a
+    TensorFlow random function: tf.random.uniform, tf.random.normal,
+    tf.random.truncated_normal (or their tf.compat.v1 names), or one of
+    the strings "uniform", "normal", "truncated_normal". `kwargs` holds its
+    arguments: `seed` (an int or a scalar integer tensor; default 0),
+    `dtype`, and minval/maxval (uniform) or mean/stddev (normal, truncated
+    normal); `name` is ignored. Other functions raise ValueError: their
+    values could not be made independent of the layout.
+
+    Each processor computes its own slice with `stateless_random.sample`:
+    every element is a pure function of (seed, its linear index in the full
+    tensor), so replicated slices agree, different blocks differ, and the
+    exported full tensor does not depend on the mesh or the layout. No
+    communication; O(slice size) work.
 
     On "rows:2;cols:2" with rules "a:rows", a tensor [a=4, b=6] is drawn as
     rows 0-1 of the full tensor on processors 0 and 1 and rows 2-3 on
@@ -311,20 +497,54 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
 
     Args:
       shape: the mtf Shape of the full tensor.
-      distribution: "uniform" (params minval, maxval) or "normal" (params
-        mean, stddev).
-      seed: an int or a scalar integer tensor.
-      dtype: the output dtype.
-      **params: the distribution's parameters.
-    """
+      tf_fn: the TensorFlow random function (or distribution name).
+      kwargs: dict of its arguments (see above).
 
-  @abc.abstractmethod
+    Returns:
+      a LaidOutTensor.
+    """
+    raise self._not_implemented("random")
+
+  def _random_sampler(self, shape, tf_fn, kwargs):
+    """A function of `begin` (ints, or scalar integer tensors in an SPMD
+    program) giving the slice of `random(shape, tf_fn, kwargs)` that starts
+    there."""
+    shape = shape_lib.convert_to_shape(shape)
+    distribution, seed, dtype, params = stateless_random.parse_tf_fn(
+        tf_fn, kwargs, f"{type(self).__name__}.random")
+    full_shape = shape.to_integer_list
+    slice_shape = self.slice_shape(shape)
+
+    def sample(begin):
+      return stateless_random.sample(distribution, seed, full_shape,
+                                     slice_shape, begin, dtype=dtype,
+                                     **params)
+
+    return sample
+
+  # ------------------------------------------------------------ variables
+
+  @property
+  def variable_store(self):
+    """The VariableStore holding the TF variables of this mesh's mtf
+    variables (by mtf name, per execution context), checkpointed under
+    this object."""
+    if self._variable_store is None:
+      self._variable_store = variable_store_lib.VariableStore(
+          checkpoint_root=self)
+    return self._variable_store
+
   def make_laid_out_variable(self, variable, stack_group=None):
-    """The per-processor TF variables behind mtf `variable`.
+    """The LaidOutVariable (per-processor TF variables) of mtf `variable`.
 
     `stack_group` (from the Lowering's autostack plan, or None) names the
-    variables to store together with it, where the implementation stacks.
+    variables to store together with it, where the implementation stacks
+    (see `supports_autostack`).
     """
+    del stack_group
+    if self.LaidOutVariable is None:
+      raise self._not_implemented("make_laid_out_variable")
+    return self.LaidOutVariable(variable, self)  # pylint: disable=not-callable
 
   def next_random_step(self):
     """Advances the "mtf_random_step" counter; returns its old value.
@@ -351,6 +571,15 @@ class MeshImpl(tf.__internal__.tracking.Trackable, abc.ABC):
     if tf.executing_eagerly():
       return None
     return tf.group(*ops)
+
+  def run(self, fn, *args):
+    """Runs a step program `fn(*args)` on this mesh; returns its result.
+
+    Here a direct call: one program holds every processor's ops.
+    SimdMeshImpl runs `fn` as the program of each processor instead, so
+    calling `mesh_impl.run(fn, ...)` works on every implementation.
+    """
+    return fn(*args)
 
   # --------------------------------------------------- derived collectives
 

@@ -10,9 +10,12 @@ keeps the op count at O(group size), where the original library's ring
 algorithms used O(group size^2) small ops and made an 8-way data-parallel step
 2.5x slower than one device. Allreduces among distinct GPUs of one machine use
 NCCL (graph and tf.function mode), which spreads the traffic over all links.
+The original's ring collectives are here too, as public functions on lists of
+per-device tensors (`allreduce_ring`, `allreduce_ring_single_shard`,
+`allconcat_ring`, `alltoall_ring`, `alltoall_pointtwise`, from
+`placement_collectives`), and PlacementMeshImpl uses them with
+`allreduce_algorithm="ring"`.
 """
-
-import functools
 
 from absl import logging
 import tensorflow as tf
@@ -20,13 +23,21 @@ from tensorflow.python.ops import nccl_ops  # pylint: disable=g-direct-tensorflo
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
-from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import placement_collectives
 from mesh_tensorflow import placement_variables
-from mesh_tensorflow import stateless_random
-from mesh_tensorflow import variable_store as variable_store_lib
+from mesh_tensorflow import shape as shape_lib
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
 LaidOutVariable = placement_variables.LaidOutVariable
+
+# The original library's collectives on lists of per-device tensors.
+allconcat_ring = placement_collectives.allconcat_ring
+allreduce_ring = placement_collectives.allreduce_ring
+allreduce_ring_single_shard = placement_collectives.allreduce_ring_single_shard
+alltoall_pointtwise = placement_collectives.alltoall_pointtwise
+alltoall_ring = placement_collectives.alltoall_ring
+
+_ALGORITHMS = ("auto", "gather", "nccl", "ring")
 
 
 def default_devices(num_processors):
@@ -57,16 +68,20 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     allreduce_algorithm: "gather" reduces onto one member of each group and
       copies the result back (best between logical CPUs, and the fallback);
       "nccl" uses NCCL all-reduce, for groups of distinct GPUs of one task
-      in graph or tf.function mode; "auto" picks NCCL where it applies.
+      in graph or tf.function mode; "auto" picks NCCL where it applies;
+      "ring" uses the original library's `allreduce_ring` and
+      `allconcat_ring` (data moves only between ring neighbours).
   """
+
+  LaidOutVariable = LaidOutVariable
 
   def __init__(self, shape, layout, devices=None, *,
                allreduce_algorithm="auto"):
     super().__init__(shape, layout)
-    if allreduce_algorithm not in ("auto", "gather", "nccl"):
+    if allreduce_algorithm not in _ALGORITHMS:
       raise ValueError(
-          f"allreduce_algorithm must be 'auto', 'gather' or 'nccl', got "
-          f"{allreduce_algorithm!r}.")
+          f"PlacementMeshImpl allreduce_algorithm must be one of "
+          f"{_ALGORITHMS}, got {allreduce_algorithm!r}.")
     self._allreduce_algorithm = allreduce_algorithm
     if devices is None:
       devices = default_devices(self.size)
@@ -77,16 +92,10 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           f"{self.size} devices (one per processor), got {len(devices)}: "
           f"{devices}.")
     self._devices = devices
-    self._variable_store = variable_store_lib.VariableStore(
-        checkpoint_root=self)
 
   @property
   def devices(self):
     return list(self._devices)
-
-  @property
-  def variable_store(self):
-    return self._variable_store
 
   # ----------------------------------------------------------- computation
 
@@ -118,9 +127,16 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       return x
     self._count_collective("allreduce", mesh_axes, x)
     dtype = x.tensor_list[0].dtype
-    reduce_fn = _reduction_fn(reduction_fn_string, dtype)
+    placement_collectives.binary_reduction(reduction_fn_string, dtype)
     out = [None] * self.size
     for group_index, group in enumerate(self.processor_groups(mesh_axes)):
+      if self._allreduce_algorithm == "ring":
+        ys = allreduce_ring([x.tensor_list[p] for p in group],
+                            [self._devices[p] for p in group],
+                            reduction_fn_string)
+        for p, y in zip(group, ys):
+          out[p] = y
+        continue
       if self._use_nccl(group, dtype):
         slices = []
         for p in group:
@@ -130,7 +146,8 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           out[p] = y
         continue
       with tf.device(self._gather_device(group, group_index)):
-        total = reduce_fn([x.tensor_list[p] for p in group])
+        total = placement_collectives.reduce_list(
+            [x.tensor_list[p] for p in group], reduction_fn_string)
       for p in group:
         with tf.device(self._devices[p]):
           out[p] = tf.identity(total)
@@ -138,7 +155,8 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
 
   def _use_nccl(self, group, dtype):
     """Whether to all-reduce `group` with NCCL (see allreduce_algorithm)."""
-    if self._allreduce_algorithm == "gather" or tf.executing_eagerly():
+    if (self._allreduce_algorithm in ("gather", "ring") or
+        tf.executing_eagerly()):
       return False
     if dtype not in _NCCL_DTYPES:
       return False
@@ -153,15 +171,31 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           f"each group, got {[self._devices[p] for p in group]}.")
     return distinct_gpus
 
-  def allconcat(self, x, mesh_axis, concat_axis):
+  def allconcat(self, x, mesh_axis, concat_axis, stack=False):
+    """See MeshImpl.allconcat; `stack` stacks the slices on a new axis
+    `concat_axis` instead (as SimdMeshImpl.allconcat's)."""
     x = x.to_laid_out_tensor()
     if self.shape[mesh_axis].size == 1:
+      if stack:
+        return self.slicewise(lambda t: tf.expand_dims(t, concat_axis), x)
       return x
     self._count_collective("allconcat", [mesh_axis], x)
+    inputs = x.tensor_list
+    if stack:
+      inputs = []
+      for device, t in zip(self._devices, x.tensor_list):
+        with tf.device(device):
+          inputs.append(tf.expand_dims(t, concat_axis))
     out = [None] * self.size
     for group_index, group in enumerate(self.processor_groups([mesh_axis])):
+      if self._allreduce_algorithm == "ring":
+        ys = allconcat_ring([inputs[p] for p in group],
+                            [self._devices[p] for p in group], concat_axis)
+        for p, y in zip(group, ys):
+          out[p] = y
+        continue
       with tf.device(self._gather_device(group, group_index)):
-        whole = tf.concat([x.tensor_list[p] for p in group], axis=concat_axis)
+        whole = tf.concat([inputs[p] for p in group], axis=concat_axis)
       for p in group:
         with tf.device(self._devices[p]):
           out[p] = tf.identity(whole)
@@ -174,13 +208,11 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     self._count_collective("alltoall", [mesh_axis], x)
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
-      pieces = {}
-      for p in group:
-        with tf.device(self._devices[p]):
-          pieces[p] = tf.split(x.tensor_list[p], len(group), axis=split_axis)
-      for k, p in enumerate(group):
-        with tf.device(self._devices[p]):
-          out[p] = tf.concat([pieces[q][k] for q in group], axis=concat_axis)
+      ys = alltoall_pointtwise([x.tensor_list[p] for p in group],
+                               [self._devices[p] for p in group],
+                               split_axis, concat_axis)
+      for p, y in zip(group, ys):
+        out[p] = y
     return LaidOutTensor(out)
 
   def receive(self, x, mesh_axis, source_pcoord):
@@ -198,32 +230,35 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
 
   # ------------------------------------------------------ import / export
 
-  def import_tf_tensor(self, x, shape):
-    shape = shape_lib.convert_to_shape(shape)
-    slices = self.make_slices(tf.convert_to_tensor(x), shape)
+  def import_tf_tensor(self, x, tf_x):
+    """Each processor's slice of `tf_x` (the value of mtf Tensor `x`)."""
+    shape = mesh_impl_lib.full_shape_of(x, "PlacementMeshImpl.import_tf_tensor")
+    slices = self.make_slices(tf.convert_to_tensor(tf_x), shape)
     out = []
     for device, s in zip(self._devices, slices):
       with tf.device(device):
         out.append(tf.identity(s))
     return LaidOutTensor(out)
 
-  def export_to_tf_tensor(self, x, shape):
-    x = x.to_laid_out_tensor()
-    return self.combine_slices(x.tensor_list, shape, device=self._devices[0])
+  def export_to_tf_tensor(self, x, laid_out_x):
+    """The full value of mtf Tensor `x`, assembled on processor 0's
+    device."""
+    shape = mesh_impl_lib.full_shape_of(
+        x, "PlacementMeshImpl.export_to_tf_tensor")
+    laid_out_x = laid_out_x.to_laid_out_tensor()
+    return self.combine_slices(laid_out_x.tensor_list, shape,
+                               device=self._devices[0])
 
   # ------------------------------------------------------------- random
 
-  def random(self, shape, distribution, seed, dtype=tf.float32, **params):
+  def random(self, shape, tf_fn, kwargs):
     """Each processor computes its own slice (see MeshImpl.random)."""
     shape = shape_lib.convert_to_shape(shape)
-    full_shape = shape.to_integer_list
-    slice_shape = self.slice_shape(shape)
+    sample = self._random_sampler(shape, tf_fn, kwargs)
     out = []
     for pnum, device in enumerate(self._devices):
       with tf.device(device):
-        out.append(stateless_random.sample(
-            distribution, seed, full_shape, slice_shape,
-            self.slice_begin(shape, pnum), dtype=dtype, **params))
+        out.append(sample(self.slice_begin(shape, pnum)))
     return LaidOutTensor(out)
 
   # ---------------------------------------------------------- variables
@@ -248,18 +283,3 @@ _NCCL_REDUCTIONS = {
     "MIN": nccl_ops.all_min,
 }
 
-
-def _reduction_fn(reduction_fn_string, dtype):
-  """A function reducing a list of same-shaped tensors."""
-  if dtype == tf.bool:
-    pairwise = {"MAX": tf.logical_or, "MIN": tf.logical_and}.get(
-        reduction_fn_string)
-  else:
-    pairwise = {"SUM": tf.add, "MAX": tf.maximum, "MIN": tf.minimum}.get(
-        reduction_fn_string)
-  if pairwise is None:
-    raise ValueError(f"Unknown reduction {reduction_fn_string!r} for "
-                     f"dtype {dtype.name}; expected SUM, MAX or MIN.")
-  if reduction_fn_string == "SUM":
-    return tf.add_n
-  return lambda xs: functools.reduce(pairwise, xs)

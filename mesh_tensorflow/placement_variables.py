@@ -136,7 +136,7 @@ class StackMember:
         tf.cast(value, self.slice_dtype), read_value=False)
 
 
-class LaidOutVariable:
+class LaidOutVariable(mesh_impl_lib.LaidOutVariable):
   """The per-processor slices of one mtf variable on a PlacementMeshImpl.
 
   Args:

@@ -9,10 +9,20 @@ picks NCCL): group sizes and keys come from `assign_group_v2` on the
 processor-number tensor, so one traced program serves every device. Each
 device's call passes an ordering token (the handle of a resource variable
 on that device); without it the V2 ops wait forever for each other.
+
+Member order. TF ranks the members of a collective group its own way (on
+CPU by device name; on GPU possibly by interconnect), and all-gather and
+all-to-all follow that rank order, not the order a group is listed in.
+Mesh TensorFlow's groups are listed in coordinate order, which need not be
+TF's (devices given in another order, a logical-to-physical permutation).
+So the first all-gather or all-to-all of a program over a grouping asks
+each member's rank once (a gather of one int per member) and blocks are
+reordered to the listed order.
 """
 
 import itertools
 import threading
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
@@ -65,6 +75,8 @@ class HostCollectives:
     self._devices = list(devices)
     self._pnum_fn = pnum_fn
     self._token_fn = token_fn
+    # Graph -> {grouping: rank order tensor} (see _rank_order).
+    self._rank_orders = weakref.WeakKeyDictionary()
 
   def _instance_key(self):
     """A new instance key for the next collective of the program."""
@@ -87,15 +99,52 @@ class HostCollectives:
         merge_op=_MERGE_OPS[reduction], final_op="Id",
         ordering_token=self._token_fn(), timeout=self._timeout)
 
+  def _raw_all_gather(self, x, group_assignment):
+    """all_gather_v2: the members' x on axis 0, in TF's rank order."""
+    group_size, group_key = self._group(group_assignment)
+    return collective_ops.all_gather_v2(
+        x, group_size, group_key, self._instance_key(),
+        ordering_token=self._token_fn(), timeout=self._timeout)
+
+  def _rank_order(self, group_assignment):
+    """int32 [group size]: entry r is the position in its listed group of
+    the member TF ranks r. One small gather per grouping and program."""
+    graph = tf.compat.v1.get_default_graph()
+    orders = self._rank_orders.setdefault(graph, {})
+    pnum = self._pnum_fn()
+    # Per processor-number tensor too: a strategy's replicas may be traced
+    # into one graph, and each must take part in its own probe.
+    key = (pnum.ref() if tf.is_tensor(pnum) else pnum,
+           tuple(tuple(g) for g in group_assignment))
+    if key not in orders:
+      position = [0] * len(self._devices)
+      for group in group_assignment:
+        for i, member in enumerate(group):
+          position[member] = i
+      mine = tf.gather(tf.constant(position, tf.int32), pnum)
+      orders[key] = self._raw_all_gather(mine[tf.newaxis], group_assignment)
+    return orders[key]
+
+  def _reorder_blocks(self, x, n, order):
+    """x cut into n equal blocks on axis 0, block order[i] put at i."""
+    shape = tf.shape(x)
+    blocks = tf.reshape(x, tf.concat([[n, shape[0] // n], shape[1:]], 0))
+    result = tf.reshape(tf.gather(blocks, order), shape)
+    result.set_shape(x.shape)
+    return result
+
   def all_gather(self, x, group_assignment):
     """Concatenates the groups' `x` on axis 0, in group order."""
     if x.dtype == tf.bool:
       return tf.cast(self.all_gather(tf.cast(x, tf.int32), group_assignment),
                      tf.bool)
-    group_size, group_key = self._group(group_assignment)
-    return collective_ops.all_gather_v2(
-        x, group_size, group_key, self._instance_key(),
-        ordering_token=self._token_fn(), timeout=self._timeout)
+    n = len(group_assignment[0])
+    gathered = self._raw_all_gather(x, group_assignment)
+    # Block r came from the member ranked r: the listed i-th member's block
+    # is at its rank.
+    return self._reorder_blocks(
+        gathered, n,
+        tf.math.invert_permutation(self._rank_order(group_assignment)))
 
   def all_to_all(self, x, group_assignment):
     """Member k of a group gets block k (axis 0) of every member's `x`,
@@ -103,10 +152,17 @@ class HostCollectives:
     if x.dtype == tf.bool:
       return tf.cast(self.all_to_all(tf.cast(x, tf.int32), group_assignment),
                      tf.bool)
+    n = len(group_assignment[0])
+    order = self._rank_order(group_assignment)
+    # TF sends block r to the member ranked r and stacks what arrives by the
+    # sender's rank.
+    send = self._reorder_blocks(x, n, order)
     group_size, group_key = self._group(group_assignment)
-    return collective_ops.all_to_all_v2(
-        x, group_size, group_key, self._instance_key(),
+    received = collective_ops.all_to_all_v2(
+        send, group_size, group_key, self._instance_key(),
         ordering_token=self._token_fn(), timeout=self._timeout)
+    return self._reorder_blocks(received, n,
+                                tf.math.invert_permutation(order))
 
   def permute(self, x, source_target_pairs, group_assignment):
     """Each target of a (source, target) pair of processor numbers gets the

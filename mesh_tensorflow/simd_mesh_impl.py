@@ -22,6 +22,10 @@ in physical replica ids through `logical_to_physical`). With a
 program, whose processor number comes from the replica id; without one,
 `run` calls the program once per local device. `make_simd_mesh_impl` picks
 the back end from the strategy, so the same user code runs on both.
+
+The original's TPU placement helpers (`HierarchicalTiling`,
+`auto_logical_to_physical_tpu`, `physical_shape_3d_from_topology_proto_4d`)
+live in `tpu_topology` and are re-exported here under their original module.
 """
 
 import contextlib
@@ -39,13 +43,18 @@ from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import placement_variables
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import simd_collectives
-from mesh_tensorflow import stateless_random
 from mesh_tensorflow import tpu_collectives
+from mesh_tensorflow import tpu_topology
 from mesh_tensorflow import tpu_variables
 from mesh_tensorflow import variable_store as variable_store_lib
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
 RANDOM_STEP = "mtf_random_step"
+
+HierarchicalTiling = tpu_topology.HierarchicalTiling
+auto_logical_to_physical_tpu = tpu_topology.auto_logical_to_physical_tpu
+physical_shape_3d_from_topology_proto_4d = (
+    tpu_topology.physical_shape_3d_from_topology_proto_4d)
 
 
 class SimdMeshImpl(mesh_impl_lib.MeshImpl):
@@ -102,9 +111,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           f"devices (one per processor), got {len(devices)}: {devices}.")
     self._physical_devices = devices
     self._devices = [devices[p] for p in logical_to_physical]
+    self._device_assignment = device_assignment
     self._strategy = strategy
-    self._variable_store = variable_store_lib.VariableStore(
-        checkpoint_root=self)
     self._pnum = None
     self._tokens = None
     self._per_device_captures = {}
@@ -124,6 +132,19 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def logical_to_physical(self):
     return list(self._logical_to_physical)
 
+  def l2p(self, logical_pnum):
+    """The physical processor (TPU replica) number of a logical one."""
+    return self._logical_to_physical[logical_pnum]
+
+  def p2l(self, physical_pnum):
+    """The logical processor number of a physical one."""
+    return self._physical_to_logical[physical_pnum]
+
+  @property
+  def device_assignment(self):
+    """The tf.tpu.experimental.DeviceAssignment given, or None."""
+    return self._device_assignment
+
   @property
   def supports_control_dependencies(self):
     # XLA ignores control dependencies.
@@ -137,10 +158,6 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def devices(self):
     """The device of each logical processor."""
     return list(self._devices)
-
-  @property
-  def variable_store(self):
-    return self._variable_store
 
   @property
   def collectives(self):
@@ -340,8 +357,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     gathered.set_shape([shape[0] * self.shape[mesh_axis].size] + shape[1:])
     return gathered
 
-  def allconcat(self, x, mesh_axis, concat_axis):
+  def allconcat(self, x, mesh_axis, concat_axis, stack=False):
+    """See MeshImpl.allconcat; with `stack`, the group's slices are stacked
+    on a new axis `concat_axis` instead of concatenated."""
     x = x.to_laid_out_tensor()
+    if stack:
+      x = self.slicewise(lambda t: tf.expand_dims(t, concat_axis), x)
     n = self.shape[mesh_axis].size
     if n == 1:
       return x
@@ -380,40 +401,47 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
   # ------------------------------------------------------ import / export
 
-  def import_tf_tensor(self, x, shape):
-    shape = shape_lib.convert_to_shape(shape)
-    x = tf.convert_to_tensor(x)
-    slice_shape = self.slice_shape(shape)
-    if slice_shape == shape.to_integer_list:
-      return LaidOutTensor([x])
+  def slice(self, tf_tensor, tensor_shape):
+    """This processor's slice of full tensor `tf_tensor` of mtf shape
+    `tensor_shape`, as a LaidOutTensor."""
+    tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    tf_tensor = tf.convert_to_tensor(tf_tensor)
+    slice_shape = self.slice_shape(tensor_shape)
+    if slice_shape == tensor_shape.to_integer_list:
+      return LaidOutTensor([tf_tensor])
     begin = tf.stack([tf.cast(b, tf.int32)
-                      for b in self._slice_begin_tensor(shape)])
-    return LaidOutTensor([tf.slice(x, begin, slice_shape)])
+                      for b in self._slice_begin_tensor(tensor_shape)])
+    return LaidOutTensor([tf.slice(tf_tensor, begin, slice_shape)])
 
-  def export_to_tf_tensor(self, x, shape):
-    """The full tensor, assembled on every processor."""
-    shape = shape_lib.convert_to_shape(shape)
-    x = x.to_laid_out_tensor()
+  def import_tf_tensor(self, x, tf_x):
+    """This processor's slice of `tf_x` (the value of mtf Tensor `x`)."""
+    return self.slice(tf_x, mesh_impl_lib.full_shape_of(
+        x, "SimdMeshImpl.import_tf_tensor"))
+
+  def export_to_tf_tensor(self, x, laid_out_x):
+    """The full value of mtf Tensor `x`, assembled on every processor."""
+    shape = mesh_impl_lib.full_shape_of(x, "SimdMeshImpl.export_to_tf_tensor")
+    laid_out_x = laid_out_x.to_laid_out_tensor()
     layout = self.tensor_layout(shape)
     for tensor_axis, mesh_axis in enumerate(layout):
       if mesh_axis is not None:
-        x = self.allconcat(x, mesh_axis, tensor_axis)
-    return x.one_slice
+        laid_out_x = self.allconcat(laid_out_x, mesh_axis, tensor_axis)
+    return laid_out_x.one_slice
 
   # --------------------------------------------------------------- random
 
-  def random(self, shape, distribution, seed, dtype=tf.float32, **params):
+  def random(self, shape, tf_fn, kwargs):
+    """This processor's slice, computed locally (see MeshImpl.random)."""
     shape = shape_lib.convert_to_shape(shape)
-    return LaidOutTensor([stateless_random.sample(
-        distribution, seed, shape.to_integer_list, self.slice_shape(shape),
-        self._slice_begin_tensor(shape), dtype=dtype, **params)])
+    sample = self._random_sampler(shape, tf_fn, kwargs)
+    return LaidOutTensor([sample(self._slice_begin_tensor(shape))])
 
   # ------------------------------------------------------------ variables
 
   def next_random_step(self):
     """Like MeshImpl's, with one counter per processor (all equal), so
     every processor's call advances its own copy."""
-    store = self._variable_store
+    store = self.variable_store
     entry = store.get(RANDOM_STEP)
     if entry is None:
       with tf.init_scope():
@@ -432,10 +460,6 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     counter = self.program_variable(RANDOM_STEP, entry.slices)
     after = counter.assign_add(tf.constant(1, tf.int64), read_value=True)
     return tf.convert_to_tensor(after) - 1
-
-  def make_laid_out_variable(self, variable, stack_group=None):
-    del stack_group
-    return SimdLaidOutVariable(variable, self)
 
 
 @contextlib.contextmanager
@@ -507,7 +531,7 @@ def _move_front_axis_to(t, axis):
   return tf.transpose(t, perm)
 
 
-class SimdLaidOutVariable:
+class SimdLaidOutVariable(mesh_impl_lib.LaidOutVariable):
   """The slice variables of one mtf variable on a SimdMeshImpl.
 
   One TF variable per processor, created eagerly with its slice of the
@@ -568,3 +592,7 @@ class SimdLaidOutVariable:
 
   def copy_slices_to_master(self):
     return None if tf.executing_eagerly() else tf.no_op()
+
+
+# Defined after SimdMeshImpl, which it uses.
+SimdMeshImpl.LaidOutVariable = SimdLaidOutVariable

@@ -27,7 +27,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-DISTRIBUTIONS = ("uniform", "normal")
+DISTRIBUTIONS = ("uniform", "normal", "truncated_normal")
 
 # Philox-4x32 constants (Random123).
 _M0 = 0xD2511F53
@@ -244,33 +244,140 @@ def normal(seed, full_shape, slice_shape, begin, dtype=tf.float32,
   # (0, 1]: log is finite. Uniforms keep the resolution of `dtype`.
   u1 = tf.cast(1.0 - _unit_uniform(first, uniform_dtype), compute_dtype)
   u2 = tf.cast(_unit_uniform(second, uniform_dtype), compute_dtype)
-  # CPU kernels evaluate log and cos with SIMD packets and a scalar loop for
-  # the remainder, which can differ in the last bit. Padding to a multiple
-  # of any packet size sends every element through the packet code, so an
-  # element's value does not depend on the size of the slice it is in.
+  # Padded: see _pad_to_packets.
   size = int(np.prod(slice_shape, dtype=np.int64))
-  padding = -size % _PACKET_MULTIPLE
-  if padding:
-    u1 = tf.pad(u1, [[0, padding]], constant_values=1.0)
-    u2 = tf.pad(u2, [[0, padding]])
+  u1 = _pad_to_packets(u1, 1.0)
+  u2 = _pad_to_packets(u2, 0.0)
   z = tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)
-  if padding:
-    z = z[:size]
+  z = z[:size]
   mean = tf.cast(mean, compute_dtype)
   stddev = tf.cast(stddev, compute_dtype)
   return tf.reshape(tf.cast(mean + stddev * z, dtype), slice_shape)
 
 
-_SAMPLERS = {"uniform": uniform, "normal": normal}
+def _pad_to_packets(values, pad_value):
+  """Pads a flat tensor to a multiple of `_PACKET_MULTIPLE` elements.
+
+  CPU kernels evaluate log, cos and erfinv with SIMD packets and a scalar
+  loop for the remainder, which can differ in the last bit. Padding sends
+  every element through the packet code, so an element's value does not
+  depend on the size of the slice it is in.
+  """
+  size = int(values.shape[0])
+  padding = -size % _PACKET_MULTIPLE
+  if not padding:
+    return values
+  return tf.pad(values, [[0, padding]], constant_values=pad_value)
+
+
+def truncated_normal(seed, full_shape, slice_shape, begin, dtype=tf.float32,
+                     mean=0, stddev=1):
+  """One slice of a normal tensor truncated to 2 standard deviations.
+
+  As tf.random.truncated_normal: values more than two standard deviations
+  from the mean do not occur. Drawn by inverting the normal distribution
+  function on a uniform over (Phi(-2), Phi(2)) (no rejection loop, so each
+  element stays a function of its own index), in float64.
+  """
+  dtype = tf.as_dtype(dtype)
+  _check_float(dtype, "truncated_normal")
+  uniform_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+  word = random_bits(seed, full_shape, slice_shape, begin)[0]
+  u = tf.cast(_unit_uniform(word, uniform_dtype), tf.float64)
+  size = int(np.prod(slice_shape, dtype=np.int64))
+  # erf(x / sqrt(2)) = 2 Phi(x) - 1: a uniform on (-erf(sqrt 2), erf(sqrt 2))
+  # maps through sqrt(2) erfinv onto (-2, 2) with the normal's density.
+  bound = math.erf(math.sqrt(2.0))
+  v = _pad_to_packets((2.0 * u - 1.0) * bound, 0.0)
+  z = math.sqrt(2.0) * tf.math.erfinv(v)
+  z = z[:size]
+  mean = tf.cast(mean, tf.float64)
+  stddev = tf.cast(stddev, tf.float64)
+  return tf.reshape(tf.cast(mean + stddev * z, dtype), slice_shape)
+
+
+_SAMPLERS = {"uniform": uniform, "normal": normal,
+             "truncated_normal": truncated_normal}
+
+# The TF random functions a random op may name, by distribution. In TF 2
+# the tf.compat.v1 names (random_uniform, random.uniform, ...) are the same
+# function objects.
+_TF_FUNCTIONS = (
+    (tf.random.uniform, "uniform"),
+    (tf.random.normal, "normal"),
+    (tf.random.truncated_normal, "truncated_normal"),
+)
+_PARAMS = {
+    "uniform": ("minval", "maxval"),
+    "normal": ("mean", "stddev"),
+    "truncated_normal": ("mean", "stddev"),
+}
+
+
+def distribution_of(tf_fn, what="random"):
+  """The distribution name of TF random function (or name) `tf_fn`.
+
+  Raises:
+    ValueError: any other function, naming `what` and the supported ones.
+  """
+  if isinstance(tf_fn, str) and tf_fn in DISTRIBUTIONS:
+    return tf_fn
+  for fn, distribution in _TF_FUNCTIONS:
+    if tf_fn is fn:
+      return distribution
+  name = getattr(tf_fn, "__name__", repr(tf_fn))
+  raise ValueError(
+      f"{what}: unsupported random function or distribution {name!r}. "
+      "Random values here are the same under every layout, which needs a "
+      "counter-based generator per distribution: use tf.random.uniform, "
+      "tf.random.normal or tf.random.truncated_normal (or their "
+      f"tf.compat.v1 names, or a distribution name in {DISTRIBUTIONS}).")
+
+
+def parse_tf_fn(tf_fn, kwargs, what="random"):
+  """Splits a TF-style random call into what `sample` takes.
+
+  Args:
+    tf_fn: a TF random function or distribution name (see
+      `distribution_of`).
+    kwargs: its keyword arguments: seed (default 0), dtype (default
+      float32), name (ignored) and the distribution's parameters (minval,
+      maxval for uniform; mean, stddev otherwise). tf.random.uniform's
+      maxval=None means 1.
+    what: the caller, named in errors.
+
+  Returns:
+    (distribution, seed, dtype, params).
+
+  Raises:
+    ValueError: an unsupported function.
+    TypeError: an argument the distribution does not take.
+  """
+  distribution = distribution_of(tf_fn, what)
+  kwargs = dict(kwargs)
+  seed = kwargs.pop("seed", None)
+  seed = 0 if seed is None else seed
+  dtype = tf.as_dtype(kwargs.pop("dtype", tf.float32))
+  kwargs.pop("name", None)
+  allowed = _PARAMS[distribution]
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise TypeError(
+        f"{what}: random {distribution} got unexpected argument(s) "
+        f"{unknown}; it takes seed, dtype, name and {list(allowed)}.")
+  if distribution == "uniform" and kwargs.get("maxval", 1) is None:
+    kwargs["maxval"] = 1
+  return distribution, seed, dtype, kwargs
+
 
 
 def sample(distribution, seed, full_shape, slice_shape, begin,
            dtype=tf.float32, **params):
-  """One slice of a random tensor of `distribution` ("uniform"/"normal").
+  """One slice of a random tensor of `distribution`.
 
   Args:
-    distribution: "uniform" (params minval, maxval) or "normal" (params
-      mean, stddev).
+    distribution: "uniform" (params minval, maxval), "normal" or
+      "truncated_normal" (params mean, stddev).
     seed: an int or a scalar integer tensor.
     full_shape: list of ints, the full tensor's shape.
     slice_shape: list of ints, this slice's shape.

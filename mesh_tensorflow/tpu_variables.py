@@ -164,29 +164,55 @@ class ReplicatedVariable:
 
   # -------------------------------------------------------------- writes
 
-  def _update(self, method, raw_op, value, read_value):
+  def _update(self, method, raw_op, value, use_locking, name, read_value):
     if not self._replicated():
-      return getattr(self._local(), method)(value, read_value=read_value)
+      return getattr(self._local(), method)(
+          value, use_locking=use_locking, name=name, read_value=read_value)
     handle = self.handle
-    update = raw_op(handle, tf.convert_to_tensor(value, dtype=self.dtype))
-    if not read_value:
-      return update
-    with tf.control_dependencies([update]):
-      return gen_resource_variable_ops.read_variable_op(handle, self.dtype)
+    with tf.name_scope(name or method):
+      update = raw_op(handle, tf.convert_to_tensor(value, dtype=self.dtype))
+      if not read_value:
+        return update
+      with tf.control_dependencies([update]):
+        return gen_resource_variable_ops.read_variable_op(handle, self.dtype)
 
-  def assign(self, value, read_value=True):
+  def assign(self, value, use_locking=None, name=None, read_value=True):
+    """Assigns `value` to this replica's variable.
+
+    `use_locking` is accepted for the original's signature; resource
+    variables ignore it. `name` names the op; `read_value` returns the new
+    value (else the assign op).
+    """
     return self._update("assign", gen_resource_variable_ops.assign_variable_op,
-                        value, read_value)
+                        value, use_locking, name, read_value)
 
-  def assign_add(self, value, read_value=True):
+  def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+    """Adds `delta` to this replica's variable (see `assign`)."""
     return self._update("assign_add",
                         gen_resource_variable_ops.assign_add_variable_op,
-                        value, read_value)
+                        delta, use_locking, name, read_value)
 
-  def assign_sub(self, value, read_value=True):
+  def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+    """Subtracts `delta` from this replica's variable (see `assign`)."""
     return self._update("assign_sub",
                         gen_resource_variable_ops.assign_sub_variable_op,
-                        value, read_value)
+                        delta, use_locking, name, read_value)
+
+  # ---------------------------------------------------------- metadata
+
+  @property
+  def constraint(self):
+    """None: replicated slice variables carry no constraint function."""
+    return None
+
+  def to_proto(self, export_scope=None):
+    """The VariableDef of the first (primary) variable.
+
+    As in the original, whose ReplicatedVariable saved its primary
+    variable's proto. Only graph-mode variables have one: TF raises for
+    eager variables.
+    """
+    return self._vars[0].to_proto(export_scope=export_scope)
 
 
 def _to_tensor(var, dtype=None, name=None, as_ref=False):

@@ -291,25 +291,26 @@ def test_gpu_groups_allreduce_with_nccl_in_graph_mode():
     _nccl_graph_op_types(cpus, "nccl")
   with pytest.raises(ValueError, match="allreduce_algorithm"):
     mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "",
-                                              allreduce_algorithm="ring")
+                                              allreduce_algorithm="tree")
 
 
 def test_random_slices_agree_on_replicas_and_differ_across_blocks():
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4",
                                                    "a:rows")
   shape = mtf.convert_to_shape("a:4,b:3")
+  kwargs = {"seed": 7, "minval": -1.0, "maxval": 1.0}
   values = [np.asarray(s) for s in impl.random(
-      shape, "uniform", 7, minval=-1.0, maxval=1.0).tensor_list]
+      shape, tf.random.uniform, kwargs).tensor_list]
   assert all(v.shape == (2, 3) for v in values)
   for pnum in range(8):  # pnums 0-3 hold block 0, 4-7 block 1
     np.testing.assert_array_equal(values[pnum], values[4 * (pnum // 4)])
   assert not np.array_equal(values[0], values[4])
-  again = impl.random(shape, "uniform", 7, minval=-1.0, maxval=1.0)
+  again = impl.random(shape, tf.compat.v1.random_uniform, kwargs)
   np.testing.assert_array_equal(np.asarray(again.tensor_list[5]), values[5])
   # The blocks are those of the same tensor drawn on one processor.
   whole = mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "").random(
-      shape, "uniform", 7, minval=-1.0, maxval=1.0).tensor_list[0]
+      shape, "uniform", kwargs).tensor_list[0]
   np.testing.assert_array_equal(np.asarray(whole),
                                 np.concatenate([values[0], values[4]]))
-  with pytest.raises(ValueError, match="distribution 'gamma'"):
-    impl.random(shape, "gamma", 7)
+  with pytest.raises(ValueError, match="'random_gamma'"):
+    impl.random(shape, tf.random.gamma, {"seed": 7})

@@ -97,3 +97,36 @@ def test_simd_checkpoint_restores_on_placement(tmp_path):
   expected = mtf.checkpointing.load_variables(path, prefix="model")["w"]
   np.testing.assert_array_equal(value.numpy(), expected)
   assert not np.allclose(trained[0]["grad"], trained[2]["grad"])
+
+
+def test_logical_and_physical_processor_numbers():
+  impl = simd_mesh_impl.SimdMeshImpl("all:4", "",
+                                     logical_to_physical=[2, 0, 3, 1])
+  assert [impl.l2p(p) for p in range(4)] == [2, 0, 3, 1]
+  assert [impl.p2l(impl.l2p(p)) for p in range(4)] == list(range(4))
+  assert impl.device_assignment is None
+
+
+def test_slice_gives_each_processor_its_block():
+  impl = simd_mesh_impl.SimdMeshImpl("r:2;c:2", "a:r;b:c")
+  full = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+  shape = mtf.convert_to_shape("a:4,b:6")
+
+  def program(x):
+    return impl.slice(x, shape).one_slice
+
+  got = tf.function(lambda x: impl.run_each(program, x))(tf.constant(full))
+  for pnum, block in enumerate(got):
+    row, col = divmod(pnum, 2)
+    np.testing.assert_array_equal(
+        block, full[2 * row:2 * row + 2, 3 * col:3 * col + 3])
+
+
+def test_tpu_placement_helpers_under_the_original_module():
+  assert simd_mesh_impl.auto_logical_to_physical_tpu([2, 4], [2, 2, 2]) == (
+      mtf.tpu_topology.auto_logical_to_physical_tpu([2, 4], [2, 2, 2]))
+  assert simd_mesh_impl.physical_shape_3d_from_topology_proto_4d(
+      [2, 2, 1, 2]) == [2, 2, 2]
+  tiling = simd_mesh_impl.HierarchicalTiling(
+      [("batch", None), ("model", [2, 2, 2])], [4, 4, 2])
+  assert tiling.mesh_shape == mtf.convert_to_shape("batch:4,model:8")

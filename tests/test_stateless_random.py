@@ -46,6 +46,8 @@ def test_global_linear_index_of_a_block():
     ("normal", tf.float32, {"mean": 1.0, "stddev": 2.0}),
     ("normal", tf.float64, {}),
     ("normal", tf.float16, {}),
+    ("truncated_normal", tf.float32, {"mean": -1.0, "stddev": 0.5}),
+    ("truncated_normal", tf.float64, {}),
 ])
 def test_slices_are_blocks_of_the_full_tensor(distribution, dtype, params):
   full = stateless_random.sample(distribution, 11, FULL, FULL, [0, 0, 0],
@@ -153,15 +155,53 @@ def test_a_traced_function_takes_seed_and_offsets_as_tensors():
   assert draw.experimental_get_tracing_count() == 1
 
 
+@pytest.mark.parametrize("distribution", ["normal", "truncated_normal"])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
-def test_normal_slices_of_any_size_match_bit_for_bit(dtype):
-  # log and cos run partly in SIMD packets and partly in a scalar loop on
-  # CPU; without padding ~1 in 3 of these slices differed in the last bit.
-  full = np.asarray(stateless_random.normal(5, [300], [300], [0],
-                                            dtype=dtype))
+def test_normal_slices_of_any_size_match_bit_for_bit(dtype, distribution):
+  # log, cos and erfinv run partly in SIMD packets and partly in a scalar
+  # loop on CPU; without padding ~1 in 3 of these slices differed in the
+  # last bit.
+  sample = lambda size, begin: np.asarray(stateless_random.sample(
+      distribution, 5, [300], [size], [begin], dtype=dtype))
+  full = sample(300, 0)
   for size in list(range(1, 20)) + [31, 63, 65, 129]:
     for begin in (0, 3, 17):
       np.testing.assert_array_equal(
-          np.asarray(stateless_random.normal(5, [300], [size], [begin],
-                                             dtype=dtype)),
-          full[begin:begin + size], err_msg=f"size {size}, begin {begin}")
+          sample(size, begin), full[begin:begin + size],
+          err_msg=f"size {size}, begin {begin}")
+
+
+def test_truncated_normal_statistics():
+  z = np.asarray(stateless_random.truncated_normal(
+      3, [40000], [40000], [0], mean=1.0, stddev=2.0))
+  assert z.min() >= -3.0 and z.max() <= 5.0  # mean +- 2 stddev
+  # The standard normal truncated to [-2, 2] has standard deviation 0.8796.
+  assert abs(z.mean() - 1.0) < 0.03 and abs(z.std() - 2 * 0.8796) < 0.03
+
+
+@pytest.mark.parametrize("tf_fn,distribution", [
+    (tf.random.uniform, "uniform"),
+    (tf.compat.v1.random_uniform, "uniform"),
+    (tf.compat.v1.random.uniform, "uniform"),
+    (tf.random.normal, "normal"),
+    (tf.compat.v1.random_normal, "normal"),
+    (tf.random.truncated_normal, "truncated_normal"),
+    (tf.compat.v1.truncated_normal, "truncated_normal"),
+    ("normal", "normal"),
+])
+def test_tf_random_functions_name_distributions(tf_fn, distribution):
+  assert stateless_random.distribution_of(tf_fn) == distribution
+
+
+def test_parse_tf_fn():
+  assert stateless_random.parse_tf_fn(
+      tf.random.uniform, {"maxval": None, "name": "u"}) == (
+          "uniform", 0, tf.float32, {"maxval": 1})
+  assert stateless_random.parse_tf_fn(
+      tf.random.normal, {"seed": 4, "dtype": "float64", "stddev": 2.0}) == (
+          "normal", 4, tf.float64, {"stddev": 2.0})
+  with pytest.raises(ValueError, match="'random_gamma'.*tf.random.uniform"):
+    stateless_random.parse_tf_fn(tf.random.gamma, {}, "my_op")
+  with pytest.raises(TypeError, match=r"my_op: random normal got "
+                     r"unexpected argument\(s\) \['maxval'\]"):
+    stateless_random.parse_tf_fn(tf.random.normal, {"maxval": 2}, "my_op")

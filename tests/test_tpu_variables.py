@@ -196,3 +196,27 @@ def test_replica_context_of_another_strategy_uses_the_replicas_variable():
   assert tpu_variables.current_replica_index() is None
   with strategy.scope():  # Cross-replica: no replica of its own.
     assert tpu_variables.current_replica_index() is None
+
+
+def test_original_update_signatures_constraint_and_proto():
+  variables = _eager_variables()
+  rv = tpu_variables.ReplicatedVariable("w", variables)
+  assert rv.constraint is None
+  np.testing.assert_array_equal(
+      rv.assign([5.0, 6.0], use_locking=True, name="set"), [5.0, 6.0])
+  np.testing.assert_array_equal(rv.assign_add(delta=[1.0, 1.0]), [6.0, 7.0])
+  np.testing.assert_array_equal(
+      rv.assign_sub(delta=[2.0, 2.0], use_locking=False, name="down",
+                    read_value=True), [4.0, 5.0])
+  _assert_others_unchanged(variables)
+  graph, graph_variables, context = _replicate_graph()
+  with graph.as_default():
+    rv = tpu_variables.ReplicatedVariable("w", graph_variables)
+    assert rv.to_proto().variable_name == graph_variables[0].name
+    context.Enter()
+    try:
+      update = rv.assign_add([1.0, 2.0], name="bump", read_value=False)
+      assert update.type == "AssignAddVariableOp"
+      assert "bump" in update.name
+    finally:
+      context.Exit()

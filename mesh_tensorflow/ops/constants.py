@@ -34,7 +34,7 @@ class ImportOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     lowering.set_tensor_lowering(
         self._outputs[0],
-        impl.import_tf_tensor(self._tf_tensor, self._outputs[0].shape))
+        impl.import_tf_tensor(self._outputs[0], self._tf_tensor))
 
 
 def import_tf_tensor(mesh, tf_tensor, shape=None, name=None):
@@ -160,7 +160,8 @@ class Constant(graph_lib.Operation):
           if slice_shape else tf.constant(value, dtype=dtype),
           impl.laid_out_pnum())
     else:
-      y = impl.import_tf_tensor(tf.constant(self._value, dtype=dtype), shape)
+      y = impl.import_tf_tensor(self._outputs[0],
+                                tf.constant(self._value, dtype=dtype))
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 

@@ -36,53 +36,54 @@ __all__ = [
 ]
 
 
-def random_uniform(mesh, shape, minval=0, maxval=1, dtype=tf.float32,
-                   seed=None, name=None):
+def random_uniform(mesh, shape, **kwargs):
   """Uniform random values on [minval, maxval), output shape `shape`.
 
+  Takes tf.random.uniform's arguments, as the original did.
+
   Args:
     mesh: the Mesh.
     shape: the output Shape (or anything convertible to one).
-    minval, maxval: the range; Python numbers or scalar tf.Tensors for float
-      dtypes, ints for int32/int64 (then maxval must exceed minval).
-    dtype: bfloat16, float16, float32, float64, int32 or int64.
-    seed: None (derived from the op name), an int, or a scalar integer
-      tf.Tensor; see the module docstring.
-    name: optional name.
+    **kwargs: minval (default 0), maxval (default 1; required for integer
+      dtypes), dtype (bfloat16, float16, float32 (default), float64, int32
+      or int64), seed (None: derived from the op name, an int, or a scalar
+      integer tf.Tensor; see the module docstring) and name. For float
+      dtypes minval and maxval may be scalar tf.Tensors; for integers they
+      must be ints with maxval > minval.
 
   Returns:
     an mtf Tensor of `shape` and `dtype`.
   """
-  return RandomOperation(mesh, shape, "uniform", dtype, seed,
-                         {"minval": minval, "maxval": maxval},
-                         name=name or "random_uniform").outputs[0]
+  kwargs = dict(kwargs, name=kwargs.get("name") or "random_uniform")
+  return RandomOperation(mesh, shape, tf.random.uniform,
+                         **kwargs).outputs[0]
 
 
-def random_normal(mesh, shape, mean=0, stddev=1, dtype=tf.float32, seed=None,
-                  name=None):
+def random_normal(mesh, shape, **kwargs):
   """Normal random values with `mean` and `stddev`, output shape `shape`.
 
+  Takes tf.random.normal's arguments, as the original did.
+
   Args:
     mesh: the Mesh.
     shape: the output Shape (or anything convertible to one).
-    mean, stddev: Python numbers or scalar tf.Tensors.
-    dtype: bfloat16, float16, float32 or float64.
-    seed: None (derived from the op name), an int, or a scalar integer
-      tf.Tensor; see the module docstring.
-    name: optional name.
+    **kwargs: mean (default 0), stddev (default 1), Python numbers or scalar
+      tf.Tensors; dtype (bfloat16, float16, float32 (default) or float64);
+      seed (None: derived from the op name, an int, or a scalar integer
+      tf.Tensor; see the module docstring) and name.
 
   Returns:
     an mtf Tensor of `shape` and `dtype`.
   """
-  return RandomOperation(mesh, shape, "normal", dtype, seed,
-                         {"mean": mean, "stddev": stddev},
-                         name=name or "random_normal").outputs[0]
+  kwargs = dict(kwargs, name=kwargs.get("name") or "random_normal")
+  return RandomOperation(mesh, shape, tf.random.normal, **kwargs).outputs[0]
 
 
+_FLOATS = (tf.bfloat16, tf.float16, tf.float32, tf.float64)
 _DTYPES = {
-    "uniform": (tf.bfloat16, tf.float16, tf.float32, tf.float64, tf.int32,
-                tf.int64),
-    "normal": (tf.bfloat16, tf.float16, tf.float32, tf.float64),
+    "uniform": _FLOATS + (tf.int32, tf.int64),
+    "normal": _FLOATS,
+    "truncated_normal": _FLOATS,
 }
 
 
@@ -97,29 +98,44 @@ def step_seed(seed, step):
 
 
 class RandomOperation(graph_lib.Operation):
-  """A random tensor of `distribution`; every dimension may be split.
+  """A random tensor drawn as `tf_fn(shape, **kwargs)` would; every
+  dimension may be split.
 
-  The seed is fixed when the operation is built (from the name when not
-  given), so copies of the operation (e.g. for recomputation) draw the same
-  values.
+  `tf_fn` is tf.random.uniform, tf.random.normal or
+  tf.random.truncated_normal (or a tf.compat.v1 name of one); the values
+  come from this library's counter-based generator, so they are the same
+  under every mesh and layout (see the module docstring). The seed is fixed
+  when the operation is built (from the name when not given), so copies of
+  the operation (e.g. for recomputation) draw the same values.
+
+  Args:
+    mesh: the Mesh.
+    shape: the output Shape (or anything convertible to one).
+    tf_fn: the TF random function (or a distribution name, see
+      `stateless_random.distribution_of`).
+    **kwargs: tf_fn's arguments: dtype (default float32), seed, name, and
+      minval/maxval (uniform) or mean/stddev.
+
+  Raises:
+    ValueError: an unsupported tf_fn, or integer bounds with maxval <=
+      minval.
+    TypeError: an argument tf_fn does not take, an unsupported dtype or a
+      seed that is not an int or integer tensor.
   """
 
-  def __init__(self, mesh, shape, distribution, dtype, seed, params,
-               name=None):
-    super().__init__([], mesh=mesh, name=name or f"random_{distribution}")
+  def __init__(self, mesh, shape, tf_fn, **kwargs):
+    super().__init__([], mesh=mesh, name=kwargs.get("name") or "random")
     shape = shape_lib.convert_to_shape(shape)
-    dtype = tf.as_dtype(dtype)
-    if distribution not in stateless_random.DISTRIBUTIONS:
-      raise ValueError(
-          f"{self.name}: unknown distribution {distribution!r}; expected one "
-          f"of {stateless_random.DISTRIBUTIONS}.")
+    seed = kwargs.get("seed")
+    distribution, _, dtype, params = stateless_random.parse_tf_fn(
+        tf_fn, kwargs, self.name)
     if dtype not in _DTYPES[distribution]:
       raise TypeError(
           f"{self.name}: random {distribution} does not support dtype "
           f"{dtype.name}; use one of "
           f"{[d.name for d in _DTYPES[distribution]]}.")
     if dtype.is_integer:
-      minval, maxval = params["minval"], params["maxval"]
+      minval, maxval = params.get("minval", 0), kwargs.get("maxval")
       if not all(isinstance(v, numbers.Integral) for v in (minval, maxval)):
         raise TypeError(f"{self.name}: integer random uniform needs int "
                         f"minval and maxval, got {minval!r} and {maxval!r}.")
@@ -132,10 +148,15 @@ class RandomOperation(graph_lib.Operation):
         isinstance(seed, numbers.Integral) or tf.is_tensor(seed)):
       raise TypeError(f"{self.name}: seed must be None, an int or a scalar "
                       f"integer tf.Tensor, got {seed!r}.")
+    self._tf_fn = tf_fn
     self._distribution = distribution
     self._seed = seed
-    self._params = dict(params)
+    self._kwargs = dict(kwargs, dtype=dtype, seed=seed)
     self._outputs = [graph_lib.Tensor(self, shape, dtype)]
+
+  @property
+  def tf_fn(self):
+    return self._tf_fn
 
   @property
   def seed(self):
@@ -143,6 +164,7 @@ class RandomOperation(graph_lib.Operation):
 
   @property
   def distribution(self):
+    """"uniform", "normal" or "truncated_normal"."""
     return self._distribution
 
   def lower(self, lowering):
@@ -150,8 +172,7 @@ class RandomOperation(graph_lib.Operation):
     y = self._outputs[0]
     seed = step_seed(self._seed, lowering.random_step(impl))
     lowering.set_tensor_lowering(
-        y, impl.random(y.shape, self._distribution, seed, dtype=y.dtype,
-                       **self._params))
+        y, impl.random(y.shape, self._tf_fn, dict(self._kwargs, seed=seed)))
 
   def gradient(self, grad_ys):
     return []

@@ -213,6 +213,31 @@ def test_errors_name_the_problem():
     mtf.random_uniform(mesh, SHAPE, maxval=2.5, dtype=tf.int32)
   with pytest.raises(TypeError, match="seed must be"):
     mtf.random_uniform(mesh, SHAPE, seed=1.5)
+  with pytest.raises(TypeError, match="int minval and maxval"):
+    mtf.random_uniform(mesh, SHAPE, dtype=tf.int32)  # maxval is required
+  with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['mean'\]"):
+    mtf.random_uniform(mesh, SHAPE, mean=1.0)
+  with pytest.raises(ValueError, match="'random_poisson_v2'"):
+    mtf.RandomOperation(mesh, SHAPE, tf.random.poisson, lam=1.0)
+
+
+def test_random_operation_takes_a_tf_random_function():
+  """RandomOperation(mesh, shape, tf_fn, **kwargs), as in the original; the
+  values are the layout-invariant generator's (see test_stateless_random)."""
+  def build(mesh):
+    op = mtf.RandomOperation(mesh, SHAPE, tf.random.truncated_normal,
+                             stddev=2.0, seed=9, name="noise")
+    assert op.distribution == "truncated_normal" and op.seed == 9
+    assert op.tf_fn is tf.random.truncated_normal
+    compat = mtf.RandomOperation(mesh, SHAPE, tf.compat.v1.random_uniform,
+                                 minval=2, maxval=5, dtype=tf.int64, seed=9)
+    return {"t": op.outputs[0], "i": compat.outputs[0]}
+  got = _eager_values(build, "rows:2;cols:4", "a:rows;b:cols")
+  one = _eager_values(build)
+  for k in got:
+    np.testing.assert_array_equal(got[k], one[k])
+  assert np.abs(got["t"]).max() <= 4.0
+  assert got["i"].dtype == np.int64 and set(np.unique(got["i"])) <= {2, 3, 4}
 
 
 @pytest.mark.parametrize("mode", mtf_testing.MODES)
