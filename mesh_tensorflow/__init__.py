@@ -48,7 +48,10 @@ from mesh_tensorflow.shape import is_subsequence
 from mesh_tensorflow.shape import LayoutRules
 from mesh_tensorflow.shape import list_product
 from mesh_tensorflow.shape import Shape
+from mesh_tensorflow.shape import tensor_dim_to_mesh_dim_size
+from mesh_tensorflow.shape import tensor_dim_to_size_per_split
 from mesh_tensorflow.shape import TensorLayout
+from mesh_tensorflow.shape import verify_no_new_dims
 
 # Library modules built on the language; imported last because they use
 # `mesh_tensorflow` itself.

@@ -125,6 +125,7 @@ from mesh_tensorflow.ops.scans import *
 from mesh_tensorflow.ops.selection import *
 from mesh_tensorflow.ops.shifts import *
 from mesh_tensorflow.ops.stacking import *
+from mesh_tensorflow.ops.tf_helpers import *
 # pylint: enable=wildcard-import
 
 __all__ = [name for name in dir() if not name.startswith("_")]
