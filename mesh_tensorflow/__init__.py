@@ -14,6 +14,7 @@ from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.errors import DTypeError
 from mesh_tensorflow.errors import IndivisibleError
 from mesh_tensorflow.errors import LayoutError
 from mesh_tensorflow.errors import ShapeError

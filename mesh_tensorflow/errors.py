@@ -30,3 +30,7 @@ class LayoutError(MtfError):
 
 class IndivisibleError(LayoutError):
   """A tensor dimension does not divide evenly over its mesh dimension."""
+
+
+class DTypeError(MtfError, TypeError):
+  """A tensor's dtype does not fit an operation (also a TypeError)."""

@@ -157,7 +157,7 @@ def reduce_mean(x, disable_positional_args=None, output_shape=None,
   _reject_positional("reduce_mean", disable_positional_args)
   if x.dtype == tf.bool or not (x.dtype.is_floating or x.dtype.is_integer or
                                 x.dtype.is_complex):
-    raise TypeError(
+    raise errors.DTypeError(
         f"{name or 'reduce_mean'}: cannot average {x.name} of dtype "
         f"{x.dtype.name}; cast it to a number type first.")
   output_shape = _reduction_output_shape(x, output_shape, reduced_dim)
