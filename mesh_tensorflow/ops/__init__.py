@@ -5,6 +5,7 @@ from mesh_tensorflow.ops.binary import add_n
 from mesh_tensorflow.ops.binary import AddNOperation
 from mesh_tensorflow.ops.binary import AddOperation
 from mesh_tensorflow.ops.binary import binary_arguments_to_tensors
+from mesh_tensorflow.ops.binary import binary_op_with_broadcasting
 from mesh_tensorflow.ops.binary import BinaryOpWithBroadcasting
 from mesh_tensorflow.ops.binary import divide
 from mesh_tensorflow.ops.binary import equal
@@ -17,6 +18,7 @@ from mesh_tensorflow.ops.binary import logical_and
 from mesh_tensorflow.ops.binary import logical_or
 from mesh_tensorflow.ops.binary import maximum
 from mesh_tensorflow.ops.binary import minimum
+from mesh_tensorflow.ops.binary import MinMaxOperation
 from mesh_tensorflow.ops.binary import mod
 from mesh_tensorflow.ops.binary import mtf_pow
 from mesh_tensorflow.ops.binary import multiply
