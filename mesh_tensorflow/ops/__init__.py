@@ -126,6 +126,7 @@ from mesh_tensorflow.ops.random_ops import *
 from mesh_tensorflow.ops.scans import *
 from mesh_tensorflow.ops.selection import *
 from mesh_tensorflow.ops.shifts import *
+from mesh_tensorflow.ops.stacked_variable import *
 from mesh_tensorflow.ops.stacking import *
 from mesh_tensorflow.ops.tf_helpers import *
 # pylint: enable=wildcard-import
