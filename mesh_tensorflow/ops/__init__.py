@@ -67,6 +67,7 @@ from mesh_tensorflow.ops.elementwise import softplus
 from mesh_tensorflow.ops.elementwise import sqrt
 from mesh_tensorflow.ops.elementwise import square
 from mesh_tensorflow.ops.elementwise import stop_gradient
+from mesh_tensorflow.ops.elementwise import StopGradient
 from mesh_tensorflow.ops.elementwise import swish
 from mesh_tensorflow.ops.elementwise import tanh
 from mesh_tensorflow.ops.elementwise import to_bfloat16

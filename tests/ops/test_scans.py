@@ -44,7 +44,7 @@ def test_pool_and_stride(mesh_shape, layout, mode):
     return {"mean2": mtf.pool_tensor_1d(x, x.shape[1]),
             "max4": mtf.pool_tensor_1d(x, "d", mtf.reduce_max, pool_size=4),
             "stride2": mtf.stride_tensor_1d(x, "d"),
-            "stride4": mtf.stride_tensor_1d(x, "d", stride=4)}
+            "stride4": mtf.stride_tensor_1d(x, "d", pool_size=4)}
 
   def np_fn(x):
     windows2 = x.reshape(8, 16, 2, 2)
