@@ -24,6 +24,7 @@ from mesh_tensorflow.graph import Mesh
 from mesh_tensorflow.graph import Operation
 from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.graph import VariableDType
+from mesh_tensorflow.lowering import log_variable_sizes
 from mesh_tensorflow.lowering import Lowering
 from mesh_tensorflow.lowering import pretty_print_counters
 from mesh_tensorflow.mesh_impl import compatible_lazy_allreduce_sums
