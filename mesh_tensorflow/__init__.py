@@ -41,6 +41,8 @@ from mesh_tensorflow.processors import pnum_to_group
 from mesh_tensorflow.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.processors import processor_coordinates_to_pnum
 from mesh_tensorflow.processors import processor_groups
+from mesh_tensorflow.session_hooks import MtfCheckpointSaverListener
+from mesh_tensorflow.session_hooks import MtfRestoreHook
 from mesh_tensorflow.shape import anonymous_shape
 from mesh_tensorflow.shape import convert_to_dimension
 from mesh_tensorflow.shape import convert_to_layout_rules
