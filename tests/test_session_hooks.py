@@ -1,4 +1,4 @@
-"""MtfRestoreHook and MtfCheckpointSaverListener in a compat MonitoredSession."""
+"""MtfRestoreHook and MtfCheckpointSaverListener in a MonitoredSession."""
 
 import numpy as np
 import tensorflow as tf

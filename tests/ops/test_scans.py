@@ -122,7 +122,7 @@ def test_cumsum_of_split_dimension_communicates_block_totals_only():
     (lambda x: mtf.cumsum(x, "q"), "not a dimension"),
     (lambda x: mtf.cumsum(x, mtf.Dimension("d", 8)), "has size 8"),
     (lambda x: mtf.pool_tensor_1d(x, "d", pool_size=3), "not divisible"),
-    (lambda x: mtf.stride_tensor_1d(x, "d", stride=0), "not divisible"),
+    (lambda x: mtf.stride_tensor_1d(x, "d", pool_size=0), "not divisible"),
     (lambda x: mtf.reduce_first(x, "q"), "not a dimension"),
 ])
 def test_shape_errors(build, match):

@@ -96,7 +96,8 @@ def test_slicewise_operation_with_the_originals_lists(mesh_shape, layout,
     return {"max": op.outputs[0], "argmax": op.outputs[1]}
 
   mtf_testing.check_op(
-      build, lambda x: {"max": x.max(1), "argmax": x.argmax(1).astype(np.int32)},
+      build,
+      lambda x: {"max": x.max(1), "argmax": x.argmax(1).astype(np.int32)},
       {"x": (_x(), ["a", "c"])}, mesh_shape, layout, mode, grad_wrt=[])
 
 
