@@ -559,3 +559,11 @@ def test_training_is_layout_independent(mesh_shape, layout, mode):
   if mode != "graph":
     # Variables were created once, on the first step, and persisted.
     assert sorted(impl.variable_store.eager_entries()) == ["w1", "w2"]
+
+
+def test_read_variable_operation_takes_var_and_name():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  w = mtf.get_variable(mesh, "w", SHAPE)
+  read = mtf.ReadVariable(w.operation, "my_read")
+  assert read.name.startswith("my_read") and read.variable is w.operation
+  assert read.outputs[0].shape == w.shape
