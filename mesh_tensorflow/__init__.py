@@ -14,6 +14,7 @@ from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.errors import DTypeError
 from mesh_tensorflow.errors import IndivisibleError
 from mesh_tensorflow.errors import LayoutError
 from mesh_tensorflow.errors import ShapeError
@@ -23,6 +24,7 @@ from mesh_tensorflow.graph import Mesh
 from mesh_tensorflow.graph import Operation
 from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.graph import VariableDType
+from mesh_tensorflow.lowering import log_variable_sizes
 from mesh_tensorflow.lowering import Lowering
 from mesh_tensorflow.lowering import pretty_print_counters
 from mesh_tensorflow.mesh_impl import compatible_lazy_allreduce_sums
@@ -40,6 +42,8 @@ from mesh_tensorflow.processors import pnum_to_group
 from mesh_tensorflow.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.processors import processor_coordinates_to_pnum
 from mesh_tensorflow.processors import processor_groups
+from mesh_tensorflow.session_hooks import MtfCheckpointSaverListener
+from mesh_tensorflow.session_hooks import MtfRestoreHook
 from mesh_tensorflow.shape import anonymous_shape
 from mesh_tensorflow.shape import convert_to_dimension
 from mesh_tensorflow.shape import convert_to_layout_rules
@@ -49,7 +53,10 @@ from mesh_tensorflow.shape import is_subsequence
 from mesh_tensorflow.shape import LayoutRules
 from mesh_tensorflow.shape import list_product
 from mesh_tensorflow.shape import Shape
+from mesh_tensorflow.shape import tensor_dim_to_mesh_dim_size
+from mesh_tensorflow.shape import tensor_dim_to_size_per_split
 from mesh_tensorflow.shape import TensorLayout
+from mesh_tensorflow.shape import verify_no_new_dims
 
 # Library modules built on the language; imported last because they use
 # `mesh_tensorflow` itself.

@@ -26,6 +26,7 @@ class Graph:
     self._names_in_use = {}
     self._name_prefixes = []
     self._captured_variable_scope = tf.compat.v1.get_variable_scope().name
+    self._stacking_limits = None
 
   def __repr__(self):
     return f"<mtf.Graph with {len(self._operations)} operations>"
@@ -107,6 +108,11 @@ class Graph:
     if variable.trainable:
       self._trainable_variables.append(variable)
 
+  @property
+  def to_string(self):
+    """One line per operation (see Operation.to_string)."""
+    return "\n".join(op.to_string for op in self._operations)
+
   def make_variables_untrainable(self, variables):
     """Removes `variables` from the trainable list (they stay variables)."""
     ids = {id(v) for v in variables}
@@ -115,9 +121,25 @@ class Graph:
     self._trainable_variables = [
         v for v in self._trainable_variables if id(v) not in ids]
 
+  def capture_operations(self, fn=None):
+    """The operations that running `fn` adds to this graph.
+
+    Args:
+      fn: a function of no arguments; None gives a context manager instead.
+
+    Returns:
+      with `fn`, as in the original: (what fn returns, the list of
+      operations it created). Without: a context manager yielding a list
+      that, after the block, holds the operations the block created.
+    """
+    if fn is None:
+      return self._capture()
+    with self._capture() as captured:
+      output = fn()
+    return output, captured
+
   @contextlib.contextmanager
-  def capture_operations(self):
-    """Yields a list that, after the block, holds the operations it created."""
+  def _capture(self):
     start = len(self._operations)
     captured = []
     yield captured
@@ -126,22 +148,34 @@ class Graph:
   # Graph rewrites. These two methods own every change to the operation list
   # after construction; invariant: `operations` stays in a topological order.
 
-  def clone_operations(self, operations, input_mapping):
-    """Appends copies of `operations` whose inputs are remapped.
+  def clone_operations(self, ops, input_mapping):
+    """Appends copies of `ops` whose inputs are remapped.
 
-    Used to recompute a forward pass (recompute_grad). Variables are not
-    copied: their tensors map to themselves.
+    Used to recompute a forward pass (recompute_grad). An input not in
+    `input_mapping` is used as it is. Variables are not copied: their
+    tensors map to themselves. Random operations are copied with their seed,
+    so the copies draw the same values.
 
     Args:
-      operations: operations in topological order.
+      ops: operations in topological order.
       input_mapping: dict from Tensor to the Tensor the copies should use.
 
     Returns:
-      (copied operations, dict from every original Tensor to its copy).
+      (copied operations, dict from every original Tensor to its copy,
+      including `input_mapping`).
+
+    Raises:
+      ValueError: `input_mapping` maps an output of one of `ops`.
     """
     mapping = dict(input_mapping)
+    for op in ops:
+      for t in op.outputs:
+        if t in mapping:
+          raise ValueError(
+              f"clone_operations: input_mapping maps {t.name}, an output of "
+              f"the cloned operation {op.name!r}; map only their inputs.")
     copies = []
-    for op in operations:
+    for op in ops:
       if not op.cloneable:
         mapping.update({t: t for t in op.outputs})
         continue
@@ -152,6 +186,44 @@ class Graph:
       mapping.update(zip(op.outputs, copy.outputs))
       copies.append(copy)
     return copies, mapping
+
+  def rewrite_stack_variables(self, max_combined_variable_size=2**30,
+                              max_combined_slice_size=2**27,
+                              mesh_to_impl=None):
+    """Asks for same-shaped variables to be stored stacked (faster start-up).
+
+    In the original this replaced groups of variables in the graph by
+    StackedVariables. Here stacking is a storage decision of the mesh
+    implementation, taken by every Lowering of this graph (see
+    `Lowering.autostack`): variables of one mesh with the same shape,
+    dtypes and trainability, written by the same Assign operations (use
+    `combine_assignments` or an optimizer's apply_grads), share one TF
+    variable per processor. The graph, its variable list and checkpoints
+    stay as they are.
+
+    Args:
+      max_combined_variable_size: at most this many elements per stack.
+      max_combined_slice_size: at most this many elements per processor
+        per stack.
+      mesh_to_impl: accepted for compatibility; each Lowering uses its own.
+
+    Raises:
+      ValueError: it was called before on this graph.
+    """
+    del mesh_to_impl
+    if self._stacking_limits is not None:
+      raise ValueError("rewrite_stack_variables should not be called twice "
+                       "on one mtf.Graph.")
+    self._stacking_limits = {
+        "max_combined_variable_size": max_combined_variable_size,
+        "max_combined_slice_size": max_combined_slice_size,
+    }
+
+  @property
+  def stacking_limits(self):
+    """The limits given to rewrite_stack_variables, or None."""
+    return (None if self._stacking_limits is None else
+            dict(self._stacking_limits))
 
   def combine_assignments(self, assignments):
     """Merges Assign operations with the same `assign_fn` into one each.
@@ -287,8 +359,12 @@ class Tensor:
   def name(self):
     return self._name
 
-  def __repr__(self):
+  @property
+  def to_string(self):
     return f"Tensor[{self._name}, {self._shape.to_string}, {self._dtype.name}]"
+
+  def __repr__(self):
+    return self.to_string
 
   # Arithmetic operators build mtf operations; ops import this module, so the
   # import happens at call time.
@@ -428,43 +504,74 @@ class Operation:
     return list(self._outputs)
 
   @property
+  def to_string(self):
+    """"Kind[Inputs=(...) Outputs=(...)]" with each tensor's to_string."""
+    return "{}[Inputs=({}) Outputs=({})]".format(
+        type(self).__name__, ", ".join(t.to_string for t in self._inputs),
+        ", ".join(t.to_string for t in self._outputs))
+
+  @property
   def splittable_dims(self):
-    """Names of dimensions that lowering may split across the mesh."""
-    return frozenset(self._all_dimension_names() - self.unsplittable_dims)
+    """Frozenset of the names of dimensions that lowering may split."""
+    explicit = self.__dict__.get("_splittable_dims")
+    if explicit is not None:
+      return explicit
+    return self._splittability()[0]
 
   @property
   def unsplittable_dims(self):
-    """Names of dimensions this operation cannot lower while split."""
-    names = self._all_dimension_names()
-    if self._split_default == "splittable":
-      return frozenset(names & self._split_exceptions)
-    return frozenset(names - self._split_exceptions)
+    """Frozenset of the names of dimensions this operation cannot lower
+    while split."""
+    explicit = self.__dict__.get("_unsplittable_dims")
+    if explicit is not None:
+      return explicit
+    return self._splittability()[1]
 
-  def _all_dimension_names(self):
-    names = set()
+  def _splittability(self):
+    default_dims = set()
     for t in self._inputs + self._outputs:
-      names.update(t.shape.dimension_names)
-    return names
+      default_dims.update(t.shape.dimension_names)
+    default_dims -= self._split_exceptions
+    if self._split_default == "splittable":
+      return frozenset(default_dims), self._split_exceptions
+    return self._split_exceptions, frozenset(default_dims)
 
-  def _initialize_splittable_and_unsplittable_dims(self, default,
-                                                   exceptions=()):
-    """Marks every dimension `default` ("splittable" or "unsplittable")
-    except the names in `exceptions`, which get the other mark."""
-    if default not in ("splittable", "unsplittable"):
-      raise ValueError(f"default must be 'splittable' or 'unsplittable', "
-                       f"got {default!r}.")
-    self._split_default = default
-    self._split_exceptions = frozenset(exceptions)
+  def _initialize_splittable_and_unsplittable_dims(
+      self, default_splittability, exception_dims_iterable=None):
+    """Marks every dimension of the inputs and outputs splittable or
+    unsplittable (`default_splittability`), except the names in
+    `exception_dims_iterable`, which get the other mark.
+
+    Automatic layout and `check_splits` read the marks through
+    `splittable_dims` and `unsplittable_dims`, which follow outputs set
+    after this call. As in the original it also returns the two frozensets
+    (splittable, unsplittable) as they are now, so that subclasses written
+    for the original may assign them to `self._splittable_dims,
+    self._unsplittable_dims` (those then take precedence).
+
+    Raises:
+      ValueError: default_splittability is not "splittable" or
+        "unsplittable".
+    """
+    if default_splittability not in ("splittable", "unsplittable"):
+      raise ValueError(
+          f"default_splittability must be 'splittable' or 'unsplittable', "
+          f"got {default_splittability!r}.")
+    self._split_default = default_splittability
+    self._split_exceptions = frozenset(exception_dims_iterable or ())
+    return self._splittability()
 
   def _initialize_all_dimensions_as_splittable(self):
-    self._initialize_splittable_and_unsplittable_dims("splittable")
+    return self._initialize_splittable_and_unsplittable_dims("splittable")
 
   @property
   def has_gradient(self):
     return (any(t.dtype.is_floating for t in self._inputs) and
             any(t.dtype.is_floating for t in self._outputs))
 
-  def gradient(self, grad_ys):
+  def gradient(self, unused_grad_ys):
+    """The gradients of the inputs (mtf Tensors or None), given those of
+    the outputs; subclasses with a gradient override it."""
     raise NotImplementedError(
         f"{type(self).__name__} ({self._name}) has no gradient.")
 

@@ -27,9 +27,11 @@ class Lowering:
     mesh_to_impl: dict from each mtf.Mesh the graph uses to a MeshImpl.
     autostack: store same-shaped variables that are always assigned
       together as one stacked TF variable per processor, where the mesh
-      implementation supports it (see `stacking`): fewer TF variables and
-      ops, same results and checkpoints.
-    log_file: optional path; the variable table and counters are appended.
+      implementation supports it (see `stacking` and `autostack()`): fewer
+      TF variables and ops, same results and checkpoints. A graph on which
+      `rewrite_stack_variables` was called is stacked with the limits given
+      there, whatever this says.
+    log_file: optional path; the variable sizes and counters are appended.
 
   Attributes:
     tensors: dict from mtf Tensor to its laid-out value.
@@ -47,10 +49,9 @@ class Lowering:
     self._scalar_summaries = collections.OrderedDict()
     self._random_steps = {}
     self._check_meshes_and_layouts()
-    self.autostack = autostack
-    self._stack_groups = (
-        stacking.plan(graph, self.mesh_to_impl)
-        if autostack else {})
+    self._stack_groups = {}
+    if autostack or graph.stacking_limits is not None:
+      self.autostack()
     with self._counting():
       for op in graph.operations:
         if op.lower_in_name_scope:
@@ -95,6 +96,22 @@ class Lowering:
                         f"{impl.shape.to_string}: {e}") from None
       op.check_splits(self)
 
+  def autostack(self):
+    """Plans which variables are stored stacked (faster start-up).
+
+    Variables of one mesh with the same shape, dtypes and trainability that
+    the same Assign operations write are kept as one TF variable per
+    processor with a leading stack axis, within the size limits of
+    `graph.rewrite_stack_variables` if it was called, else the original's
+    defaults (small slices only, unless there are very many slices). Unlike
+    the original this leaves the graph unchanged: only the storage differs.
+    It takes effect for variables this lowering has not created yet, so it
+    runs from the constructor.
+    """
+    limits = self.graph.stacking_limits or {}
+    self._stack_groups = stacking.plan(self.graph, self.mesh_to_impl,
+                                       **limits)
+
   def stack_group(self, variable):
     """The group `variable` is stacked with in this lowering, or None."""
     return self._stack_groups.get(variable)
@@ -121,6 +138,12 @@ class Lowering:
 
   def set_tensor_lowering(self, tensor, laid_out_tensor):
     """Records the lowered value of `tensor`, checking its slice shape."""
+    self.verify_slice_shapes(tensor, laid_out_tensor)
+    self.tensors[tensor] = laid_out_tensor
+
+  def verify_slice_shapes(self, tensor, laid_out_tensor):
+    """Raises ShapeError unless `laid_out_tensor` (a LaidOutTensor or a
+    lazy one) has the slice shape the layout gives `tensor`."""
     impl = self.mesh_impl(tensor)
     expected = impl.slice_shape(tensor.shape)
     if isinstance(laid_out_tensor, mesh_impl_lib.LaidOutTensor):
@@ -132,7 +155,6 @@ class Lowering:
       raise errors.ShapeError(
           f"Lowering of {tensor.operation.name!r} produced slices of shape "
           f"{actual} for {tensor.name} {tensor.shape}; expected {expected}.")
-    self.tensors[tensor] = laid_out_tensor
 
   def copy_masters_to_slices(self):
     """Compat graph mode: a TF op filling slice variables from masters.
@@ -185,29 +207,58 @@ class Lowering:
     return self.mesh_impl(tensor).laid_out_size(tensor.shape)
 
   def _log(self, log_file):
-    lines = variable_size_table(self.graph.all_variables, self.mesh_to_impl)
-    lines += pretty_print_counters(self._counters)
-    for line in lines:
-      logging.info(line)
     if log_file:
       with tf.io.gfile.GFile(log_file, "a") as f:
-        f.write("\n".join(lines) + "\n")
+        self._log_to(f)
+    else:
+      self._log_to(None)
+
+  def _log_to(self, f):
+    log_variable_sizes(self.graph.trainable_variables, "Trainable Variables",
+                       verbose=True, mesh_to_impl=self.mesh_to_impl,
+                       log_file=f)
+    log_variable_sizes(self.graph.all_variables, "All Variables",
+                       verbose=False, mesh_to_impl=self.mesh_to_impl,
+                       log_file=f)
+    _log_lines(pretty_print_counters(self._counters), f)
 
 
-def variable_size_table(variables, mesh_to_impl):
-  """Lines of a table: each variable's shape, size and per-slice size."""
-  if not variables:
-    return []
-  lines = ["Variables (name, shape, elements, elements per processor):"]
-  total = 0
-  for v in variables:
-    impl = mesh_to_impl.get(v.mesh)
-    per_slice = impl.slice_size(v.shape) if impl is not None else v.size
+def _log_lines(lines, log_file):
+  for line in lines:
+    logging.info(line)
+  if log_file is not None:
+    log_file.write("\n".join(lines) + "\n")
+
+
+def log_variable_sizes(var_list, tag, verbose=True, mesh_to_impl=None,
+                       log_file=None):
+  """Logs the sizes of `var_list` (at INFO level) and their total.
+
+  Args:
+    var_list: a list of mtf Variables.
+    tag: what they are, e.g. "Trainable Variables".
+    verbose: also log one line per variable (name, shape, elements,
+      elements per processor), sorted by name.
+    mesh_to_impl: optional {Mesh: MeshImpl}, for the per-processor sizes
+      (else they are 0).
+    log_file: an optional writable file (e.g. a tf.io.gfile.GFile) that
+      gets the same lines.
+  """
+  if not var_list:
+    return
+  lines = []
+  total = total_slice = 0
+  for v in sorted(var_list, key=lambda v: v.name):
+    impl = (mesh_to_impl or {}).get(v.mesh)
+    slice_size = impl.slice_size(v.shape) if impl is not None else 0
     total += v.size
-    lines.append(f"  {v.name:40s} {str(v.shape.to_integer_list):24s} "
-                 f"{v.size:>12d} {per_slice:>12d}")
-  lines.append(f"  total: {total} elements in {len(variables)} variables")
-  return lines
+    total_slice += slice_size
+    if verbose:
+      lines.append(f"Variable {v.name:40s} size {v.size:<12d} slice_size "
+                   f"{slice_size:<12d} {v.shape.to_integer_list}")
+  lines.append(f"{tag} count: {len(var_list)}  Total size: {total}  Total "
+               f"slice_size: {total_slice}")
+  _log_lines(lines, log_file)
 
 
 def pretty_print_counters(counters):

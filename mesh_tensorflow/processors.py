@@ -22,10 +22,10 @@ def pnum_to_processor_coordinates(mesh_shape, pnum):
   return coordinates[::-1]
 
 
-def processor_coordinates_to_pnum(mesh_shape, coordinates):
-  """The number of the processor at `coordinates`."""
+def processor_coordinates_to_pnum(mesh_shape, coord):
+  """The number of the processor at coordinates `coord`."""
   pnum = 0
-  for size, coordinate in zip(_sizes(mesh_shape), coordinates):
+  for size, coordinate in zip(_sizes(mesh_shape), coord):
     pnum = pnum * size + coordinate
   return pnum
 

@@ -324,11 +324,66 @@ def is_subsequence(short_seq, long_seq):
   return all(any(x == y for y in it) for x in short_seq)
 
 
-def list_product(values):
+def list_product(l):
+  """The product of the integers in `l` (1 for an empty list)."""
   result = 1
-  for v in values:
+  for v in l:
     result *= v
   return result
+
+
+def verify_no_new_dims(input_shapes, output_shape):
+  """Raises ShapeError if `output_shape` has a dimension no input has.
+
+  Args:
+    input_shapes: a list of Shapes.
+    output_shape: a Shape.
+  """
+  known = set()
+  for s in input_shapes:
+    known.update(convert_to_shape(s).dims)
+  output_shape = convert_to_shape(output_shape)
+  new = [d for d in output_shape.dims if d not in known]
+  if new:
+    raise errors.ShapeError(
+        f"Output shape {output_shape} has dimensions {new} that none of the "
+        f"input shapes {[str(convert_to_shape(s)) for s in input_shapes]} "
+        "has; no new dimensions are allowed here.")
+
+
+def tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim):
+  """In how many pieces `layout` splits `tensor_dim` on `mesh_shape` (1 if
+  it is replicated).
+
+  Lets graph-building code peek at the layout it will be lowered with.
+
+  Args:
+    layout: LayoutRules or anything convert_to_layout_rules accepts.
+    mesh_shape: a Shape or anything convert_to_shape accepts.
+    tensor_dim: a Dimension.
+  """
+  layout_rules = convert_to_layout_rules(layout)
+  mesh_shape = convert_to_shape(mesh_shape)
+  mesh_axis = layout_rules.tensor_dimension_to_mesh_axis(tensor_dim,
+                                                         mesh_shape)
+  return 1 if mesh_axis is None else mesh_shape.dims[mesh_axis].size
+
+
+def tensor_dim_to_size_per_split(layout, mesh_shape, tensor_dim):
+  """The size of each piece of `tensor_dim` under `layout` on `mesh_shape`.
+
+  Raises:
+    IndivisibleError: the mesh dimension does not divide `tensor_dim`.
+  """
+  tensor_dim = convert_to_dimension(tensor_dim)
+  pieces = tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim)
+  if tensor_dim.size % pieces:
+    raise errors.IndivisibleError(
+        f"Tensor dimension {tensor_dim.name!r} (size {tensor_dim.size}) does "
+        f"not divide evenly into the {pieces} pieces of its mesh dimension "
+        f"under layout {convert_to_layout_rules(layout)} on mesh "
+        f"{convert_to_shape(mesh_shape)}.")
+  return tensor_dim.size // pieces
 
 
 class LayoutRules(_Immutable):

@@ -50,7 +50,8 @@ def plan(graph, mesh_to_impl,
       None picks 2**16, or 2**27 when the graph has >= 2**16 slices.
   """
   variables = [v for v in graph.all_variables
-               if mesh_to_impl[v.mesh].supports_autostack]
+               if v.has_own_storage and
+               mesh_to_impl[v.mesh].supports_autostack]
   if not variables:
     return {}
   if max_combined_slice_size is None:

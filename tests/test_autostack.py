@@ -133,3 +133,29 @@ def test_stacked_checkpoint_restores_unstacked_under_another_layout(
       np.testing.assert_array_equal(
           lowering.export_to_tf_tensor(var.outputs[0]).numpy(),
           saved[var.name], err_msg=var.name)
+
+
+def test_rewrite_stack_variables_stacks_without_autostack():
+  """graph.rewrite_stack_variables() then Lowering(..., autostack=False),
+  as the original suggested for fine control: the variables are stacked
+  within the given limits, and the graph is unchanged."""
+  def lower(rewrite, **limits):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    _model(mesh, lambda: mtf.optimize.SgdOptimizer(0.1))
+    variables = graph.all_variables
+    if rewrite:
+      graph.rewrite_stack_variables(**limits)
+      with pytest.raises(ValueError, match="twice"):
+        graph.rewrite_stack_variables()
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "batch:all")
+    lowering = mtf.Lowering(graph, {mesh: impl}, autostack=False)
+    assert graph.all_variables == variables
+    return [lowering.stack_group(v) for v in variables]
+
+  assert all(g is None for g in lower(rewrite=False))
+  groups = lower(rewrite=True)
+  assert any(g is not None for g in groups)
+  # A slice limit below two variables' slices stacks nothing.
+  assert all(g is None for g in lower(rewrite=True,
+                                      max_combined_slice_size=16))

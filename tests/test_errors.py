@@ -101,3 +101,35 @@ def test_unsplittable_dimension_split():
 def test_wrong_number_of_devices():
   with pytest.raises(mtf.LayoutError, match="needs 4 devices.*got 2"):
     mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "", devices=["", ""])
+
+
+def _indivisible_program():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.zeros([6]), "batch:6")
+  y = mtf.reduce_sum(x)
+  lowering = _lower(graph, mesh, "all:4", "batch:all")
+  return lowering.export_to_tf_tensor(y)
+
+
+@pytest.mark.parametrize("catch", [mtf.IndivisibleError, mtf.LayoutError,
+                                   ValueError])
+def test_mtf_errors_keep_their_type_through_a_user_tf_function(catch):
+  # Autograph re-raises errors from a user's tf.function as their own type
+  # only when the type can be rebuilt from one message string.
+  with pytest.raises(catch, match="'batch' \\(size 6\\)") as info:
+    tf.function(_indivisible_program)()
+  assert isinstance(info.value, mtf.IndivisibleError)
+
+
+def test_shape_errors_keep_their_type_through_a_user_tf_function():
+  @tf.function
+  def build():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    mtf.einsum([mtf.zeros(mesh, "a:4,b:8"), mtf.zeros(mesh, "b:6,c:2")],
+               output_shape="a:4,c:2")
+    return tf.constant(0)
+
+  with pytest.raises(mtf.ShapeError, match="'b' has size 8"):
+    build()

@@ -126,3 +126,74 @@ def test_get_variable_dtype_forms(mesh):
 def test_mesh_requires_graph():
   with pytest.raises(TypeError, match="mtf.Graph"):
     mtf.Mesh("not a graph", "m")
+
+
+class _OriginalStyleOperation(mtf.Operation):
+  """An operation written for the original: it assigns the frozensets that
+  _initialize_splittable_and_unsplittable_dims returns."""
+
+  def __init__(self, x, name=None):
+    super().__init__([x], name=name or "original_style")
+    self._outputs = [mtf.Tensor(self, x.shape, x.dtype)]
+    self._splittable_dims, self._unsplittable_dims = (
+        self._initialize_splittable_and_unsplittable_dims(
+            "splittable", [x.shape.dims[0].name]))
+
+  def lower(self, lowering):
+    lowering.set_tensor_lowering(self.outputs[0],
+                                 lowering.tensors[self.inputs[0]])
+
+
+def test_splittability_protocol_of_the_original(mesh):
+  x = mtf.ones(mesh, "a:2,b:4")
+  op = _OriginalStyleOperation(x).outputs[0].operation
+  assert op.splittable_dims == frozenset({"b"})
+  assert op.unsplittable_dims == frozenset({"a"})
+  # Returned as frozensets, as the original did; exceptions are kept even
+  # when no tensor has them.
+  assert op._initialize_splittable_and_unsplittable_dims(
+      "unsplittable", ["b", "zzz"]) == (frozenset({"b", "zzz"}),
+                                        frozenset({"a"}))
+  assert op._initialize_all_dimensions_as_splittable() == (
+      frozenset({"a", "b"}), frozenset())
+  with pytest.raises(ValueError, match="default_splittability"):
+    op._initialize_splittable_and_unsplittable_dims("sometimes")
+  # The layout is checked against the assigned sets.
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "a:all")
+  with pytest.raises(mtf.LayoutError, match="'a'"):
+    mtf.Lowering(mesh.graph, {mesh: impl})
+
+
+def test_to_string(mesh):
+  x = mtf.ones(mesh, "a:2,b:4")
+  y = mtf.relu(x, name="r")
+  assert x.to_string == "Tensor[ones:0, Shape[a=2, b=4], float32]"
+  assert repr(x) == x.to_string
+  assert y.operation.to_string == (
+      "SlicewiseOperation[Inputs=(Tensor[ones:0, Shape[a=2, b=4], float32]) "
+      "Outputs=(Tensor[r:0, Shape[a=2, b=4], float32])]")
+  assert mesh.graph.to_string.split("\n") == [
+      op.to_string for op in mesh.graph.operations]
+
+
+def test_capture_operations_of_a_function(mesh):
+  x = mtf.ones(mesh, "a:2")
+  output, ops = mesh.graph.capture_operations(lambda: mtf.exp(mtf.relu(x)))
+  assert [type(op) for op in ops] == [mtf.SlicewiseOperation] * 2
+  assert ops[-1].outputs == [output]
+  with mesh.graph.capture_operations() as captured:
+    y = mtf.relu(x)
+  assert captured == [y.operation]
+
+
+def test_clone_operations(mesh):
+  x = mtf.ones(mesh, "a:2")
+  x2 = mtf.zeros(mesh, "a:2")
+  y = mtf.exp(mtf.relu(x))
+  ops = mesh.graph.operations[-2:]
+  copies, mapping = mesh.graph.clone_operations(ops=ops,
+                                                input_mapping={x: x2})
+  assert len(copies) == 2 and copies[0].inputs == [x2]
+  assert mapping[y].operation is copies[-1] and mapping[x] is x2
+  with pytest.raises(ValueError, match="input_mapping maps"):
+    mesh.graph.clone_operations(ops, {y: x2})

@@ -136,3 +136,35 @@ def test_export_assembles_full_tensor(mesh_shape, layout):
   assert len(slices) == 8
   assert {s.device for s in slices} == {
       f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(8)}
+
+
+def test_verify_slice_shapes_and_autostack_methods():
+  graph, mesh, loss, _, _ = _data_parallel_graph()
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "batch:all")
+  lowering = mtf.Lowering(graph, {mesh: impl}, autostack=False)
+  lowering.verify_slice_shapes(loss, lowering.tensors[loss])
+  x = graph.operations[0].outputs[0]  # batch:8,io:8, split 8 ways
+  wrong = mtf.LaidOutTensor([tf.zeros([8, 8])] * 8)
+  with pytest.raises(mtf.ShapeError, match=r"\[8, 8\].*expected \[1, 8\]"):
+    lowering.verify_slice_shapes(x, wrong)
+  lowering.autostack()  # plans again; the graph is unchanged
+  assert lowering.stack_group(graph.all_variables[0]) is None
+
+
+def test_log_variable_sizes(tmp_path):
+  graph, mesh, _, _, w = _data_parallel_graph()
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "hidden:all")
+  path = tmp_path / "sizes.log"
+  with tf.io.gfile.GFile(str(path), "w") as f:
+    mtf.log_variable_sizes(graph.trainable_variables, "Trainable Variables",
+                           verbose=True, mesh_to_impl={mesh: impl},
+                           log_file=f)
+    mtf.log_variable_sizes([], "Nothing", log_file=f)
+    mtf.log_variable_sizes(var_list=[w.operation], tag="No impl",
+                           verbose=False)
+  lines = path.read_text().splitlines()
+  assert lines[0].startswith("Variable w ") and "size 128" in lines[0]
+  assert "slice_size 32" in lines[0] and "[8, 16]" in lines[0]
+  assert lines[1] == ("Trainable Variables count: 1  Total size: 128  "
+                      "Total slice_size: 32")
+  assert len(lines) == 2

@@ -134,3 +134,35 @@ def test_named_constructors():
   assert mtf.LayoutRules.replicated().pairs == []
   assert mtf.LayoutRules.data_parallel("batch", "all").pairs == [
       ("batch", "all")]
+
+
+def test_list_product():
+  assert mtf.list_product([2, 3, 4]) == 24
+  assert mtf.list_product([]) == 1
+  assert mtf.list_product(l=[5]) == 5
+
+
+def test_verify_no_new_dims():
+  a, b, c = mtf.Dimension("a", 2), mtf.Dimension("b", 3), mtf.Dimension("c", 4)
+  mtf.verify_no_new_dims([mtf.Shape([a]), mtf.Shape([b])], mtf.Shape([b, a]))
+  with pytest.raises(mtf.ShapeError, match="'c'"):
+    mtf.verify_no_new_dims([mtf.Shape([a, b])], mtf.Shape([a, c]))
+  with pytest.raises(ValueError):
+    mtf.verify_no_new_dims(input_shapes=[mtf.Shape([a])],
+                           output_shape=mtf.Shape([b]))
+
+
+def test_tensor_dim_to_mesh_dim_size_and_size_per_split():
+  batch = mtf.Dimension("batch", 12)
+  hidden = mtf.Dimension("hidden", 8)
+  layout, mesh = "batch:rows;hidden:cols", "rows:2;cols:4"
+  assert mtf.tensor_dim_to_mesh_dim_size(layout, mesh, batch) == 2
+  assert mtf.tensor_dim_to_mesh_dim_size(layout, mesh, hidden) == 4
+  assert mtf.tensor_dim_to_mesh_dim_size(
+      layout, mesh, mtf.Dimension("other", 3)) == 1
+  assert mtf.tensor_dim_to_size_per_split(layout, mesh, batch) == 6
+  assert mtf.tensor_dim_to_size_per_split(
+      layout=mtf.convert_to_layout_rules(layout),
+      mesh_shape=mtf.convert_to_shape(mesh), tensor_dim=hidden) == 2
+  with pytest.raises(mtf.IndivisibleError, match="'batch'.*13"):
+    mtf.tensor_dim_to_size_per_split(layout, mesh, mtf.Dimension("batch", 13))

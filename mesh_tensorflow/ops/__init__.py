@@ -5,6 +5,7 @@ from mesh_tensorflow.ops.binary import add_n
 from mesh_tensorflow.ops.binary import AddNOperation
 from mesh_tensorflow.ops.binary import AddOperation
 from mesh_tensorflow.ops.binary import binary_arguments_to_tensors
+from mesh_tensorflow.ops.binary import binary_op_with_broadcasting
 from mesh_tensorflow.ops.binary import BinaryOpWithBroadcasting
 from mesh_tensorflow.ops.binary import divide
 from mesh_tensorflow.ops.binary import equal
@@ -17,6 +18,7 @@ from mesh_tensorflow.ops.binary import logical_and
 from mesh_tensorflow.ops.binary import logical_or
 from mesh_tensorflow.ops.binary import maximum
 from mesh_tensorflow.ops.binary import minimum
+from mesh_tensorflow.ops.binary import MinMaxOperation
 from mesh_tensorflow.ops.binary import mod
 from mesh_tensorflow.ops.binary import mtf_pow
 from mesh_tensorflow.ops.binary import multiply
@@ -65,6 +67,7 @@ from mesh_tensorflow.ops.elementwise import softplus
 from mesh_tensorflow.ops.elementwise import sqrt
 from mesh_tensorflow.ops.elementwise import square
 from mesh_tensorflow.ops.elementwise import stop_gradient
+from mesh_tensorflow.ops.elementwise import StopGradient
 from mesh_tensorflow.ops.elementwise import swish
 from mesh_tensorflow.ops.elementwise import tanh
 from mesh_tensorflow.ops.elementwise import to_bfloat16
@@ -124,7 +127,9 @@ from mesh_tensorflow.ops.random_ops import *
 from mesh_tensorflow.ops.scans import *
 from mesh_tensorflow.ops.selection import *
 from mesh_tensorflow.ops.shifts import *
+from mesh_tensorflow.ops.stacked_variable import *
 from mesh_tensorflow.ops.stacking import *
+from mesh_tensorflow.ops.tf_helpers import *
 # pylint: enable=wildcard-import
 
 __all__ = [name for name in dir() if not name.startswith("_")]

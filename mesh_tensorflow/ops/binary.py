@@ -55,8 +55,9 @@ def binary_arguments_to_tensors(x1, x2):
   elif not isinstance(x2, graph_lib.Tensor):
     x2 = constants.constant(x1.mesh, x2, shape_lib.Shape([]), dtype=x1.dtype)
   if x1.dtype != x2.dtype:
-    raise TypeError(f"Operands must have the same dtype, got {x1.dtype.name} "
-                    f"({x1.name}) and {x2.dtype.name} ({x2.name}).")
+    raise errors.DTypeError(
+        f"Operands must have the same dtype, got {x1.dtype.name} "
+        f"({x1.name}) and {x2.dtype.name} ({x2.name}).")
   return x1, x2
 
 
@@ -68,24 +69,36 @@ def reduce_to_shape(dy, shape):
 
 
 class BinaryOpWithBroadcasting(graph_lib.Operation):
-  """Applies `tf_fn` to two slices lined up by dimension name."""
+  """Applies `tf_fn` to two slices lined up by dimension name.
+
+  As in the original it has no gradient (comparisons, floordiv, mod, ...);
+  the subclasses below that have one override `gradient`.
+
+  Args:
+    tf_fn: fn(tf.Tensor, tf.Tensor) -> tf.Tensor, element-wise.
+    x1, x2: mtf Tensors of the same dtype.
+    output_shape: the output Shape (default: see `broadcast_shape`).
+    output_dtype: the output dtype (default: that of x1).
+    name: an optional name.
+  """
 
   def __init__(self, tf_fn, x1, x2, output_shape=None, output_dtype=None,
-               grad_function=None, name=None):
+               name=None):
     super().__init__([x1, x2], name=name or "binary_op")
+    if x1.dtype != x2.dtype:
+      raise errors.DTypeError(
+          f"{self.name}: operands must have the same dtype, got "
+          f"{x1.dtype.name} ({x1.name}) and {x2.dtype.name} ({x2.name}).")
     self._tf_fn = tf_fn
-    self._grad_function = grad_function
     shape = broadcast_shape(x1.shape, x2.shape, output_shape, self.name)
     self._outputs = [graph_lib.Tensor(self, shape, output_dtype or x1.dtype)]
 
   @property
   def has_gradient(self):
-    return self._grad_function is not None and super().has_gradient
+    return False
 
-  def gradient(self, grad_ys):
-    if self._grad_function is None:
-      return [None, None]
-    return self._grad_function(self, grad_ys[0])
+  def gradient(self, unused_grad_ys):
+    return [None, None]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
@@ -105,22 +118,47 @@ class BinaryOpWithBroadcasting(graph_lib.Operation):
         impl.slicewise(fn, lowering.tensors[x1], lowering.tensors[x2]))
 
 
-class AddOperation(BinaryOpWithBroadcasting):
-  """x1 + x2 or x1 - x2; keeps pending allreduces pending when it can."""
+class _BinaryOpWithGradFunction(BinaryOpWithBroadcasting):
+  """A BinaryOpWithBroadcasting whose gradient is grad_function(op, dy)."""
 
-  def __init__(self, x1, x2, output_shape=None, subtract=False, name=None):
+  def __init__(self, tf_fn, x1, x2, grad_function, output_shape=None,
+               name=None):
+    super().__init__(tf_fn, x1, x2, output_shape=output_shape, name=name)
+    self._grad_function = grad_function
+
+  has_gradient = graph_lib.Operation.has_gradient
+
+  def gradient(self, grad_ys):
+    return self._grad_function(self, grad_ys[0])
+
+
+def binary_op_with_broadcasting(tf_fn, x1, x2, output_shape=None,
+                                output_dtype=None):
+  """`tf_fn` of x1 and x2 (Tensors or scalars), broadcast by dimension name;
+  no gradient."""
+  x1, x2 = binary_arguments_to_tensors(x1, x2)
+  return BinaryOpWithBroadcasting(tf_fn, x1, x2, output_shape=output_shape,
+                                  output_dtype=output_dtype).outputs[0]
+
+
+class AddOperation(BinaryOpWithBroadcasting):
+  """x1 + x2 (or x1 - x2 with `subtract`); keeps pending allreduces pending
+  when it can."""
+
+  def __init__(self, x1, x2, output_shape=None, name=None, subtract=False):
     self._subtract = subtract
     super().__init__(tf.subtract if subtract else tf.add, x1, x2,
                      output_shape=output_shape,
-                     grad_function=AddOperation._grad,
                      name=name or ("sub" if subtract else "add"))
 
-  @staticmethod
-  def _grad(op, dy):
-    x1, x2 = op.inputs
+  has_gradient = graph_lib.Operation.has_gradient
+
+  def gradient(self, grad_ys):
+    dy = grad_ys[0]
+    x1, x2 = self._inputs
     g2 = reduce_to_shape(dy, x2.shape)
     return [reduce_to_shape(dy, x1.shape),
-            elementwise.negative(g2) if op._subtract else g2]  # pylint: disable=protected-access
+            elementwise.negative(g2) if self._subtract else g2]
 
   def lower(self, lowering):
     x1, x2 = self._inputs
@@ -131,6 +169,28 @@ class AddOperation(BinaryOpWithBroadcasting):
           self._tf_fn, lowering.tensors[x1], lowering.tensors[x2]))
     else:
       super().lower(lowering)
+
+
+class MinMaxOperation(BinaryOpWithBroadcasting):
+  """minimum or maximum (`tf_fn`) with broadcasting.
+
+  The gradient goes to the operand that was chosen, to x1 on ties (as
+  TensorFlow's Minimum/Maximum gradients do).
+  """
+
+  def __init__(self, tf_fn, x1, x2, output_shape=None, name=None):
+    super().__init__(tf_fn, x1, x2, output_shape=output_shape,
+                     name=name or "min_max")
+
+  has_gradient = graph_lib.Operation.has_gradient
+
+  def gradient(self, grad_ys):
+    dy = grad_ys[0]
+    x1, x2 = self._inputs
+    y = self._outputs[0]
+    first = elementwise.cast(equal(x1, y, output_shape=y.shape), dy.dtype)
+    return [reduce_to_shape(dy * first, x1.shape),
+            reduce_to_shape(dy - dy * first, x2.shape)]
 
 
 class ScalarMultiplyOperation(graph_lib.Operation):
@@ -203,8 +263,8 @@ def sub(x1, x2, output_shape=None, name=None):
     return ScalarAddOperation(elementwise.negative(x2), x1,
                               name=name or "sub").outputs[0]
   x1, x2 = binary_arguments_to_tensors(x1, x2)
-  return AddOperation(x1, x2, output_shape=output_shape, subtract=True,
-                      name=name).outputs[0]
+  return AddOperation(x1, x2, output_shape=output_shape, name=name,
+                      subtract=True).outputs[0]
 
 
 def multiply(x1, x2, output_shape=None, name=None):
@@ -235,40 +295,26 @@ def divide(x1, x2, output_shape=None, name=None):
                                    name=name or "divide").outputs[0]
   x1, x2 = binary_arguments_to_tensors(x1, x2)
   if not x1.dtype.is_floating:
-    raise TypeError(f"divide needs floating-point operands, got "
-                    f"{x1.dtype.name} ({x1.name}); use floordiv for integers.")
-  return BinaryOpWithBroadcasting(
-      tf.math.truediv, x1, x2,
-      output_shape=output_shape, grad_function=_divide_grad,
+    raise errors.DTypeError(
+        f"divide needs floating-point operands, got {x1.dtype.name} "
+        f"({x1.name}); use floordiv for integers.")
+  return _BinaryOpWithGradFunction(
+      tf.math.truediv, x1, x2, _divide_grad, output_shape=output_shape,
       name=name or "divide").outputs[0]
 
 
-def _min_max_grad(select_first_fn):
-  def grad(op, dy):
-    x1, x2 = op.inputs
-    out = op.outputs[0].shape
-    first = elementwise.cast(
-        BinaryOpWithBroadcasting(select_first_fn, x1, x2, output_shape=out,
-                                 output_dtype=tf.bool).outputs[0], dy.dtype)
-    return [reduce_to_shape(dy * first, x1.shape),
-            reduce_to_shape(dy - dy * first, x2.shape)]
-  return grad
-
-
 def minimum(x1, x2, output_shape=None, name=None):
+  """Element-wise minimum with broadcasting."""
   x1, x2 = binary_arguments_to_tensors(x1, x2)
-  return BinaryOpWithBroadcasting(
-      tf.minimum, x1, x2, output_shape=output_shape,
-      grad_function=_min_max_grad(tf.less_equal),
-      name=name or "minimum").outputs[0]
+  return MinMaxOperation(tf.minimum, x1, x2, output_shape=output_shape,
+                         name=name or "minimum").outputs[0]
 
 
 def maximum(x1, x2, output_shape=None, name=None):
+  """Element-wise maximum with broadcasting."""
   x1, x2 = binary_arguments_to_tensors(x1, x2)
-  return BinaryOpWithBroadcasting(
-      tf.maximum, x1, x2, output_shape=output_shape,
-      grad_function=_min_max_grad(tf.greater_equal),
-      name=name or "maximum").outputs[0]
+  return MinMaxOperation(tf.maximum, x1, x2, output_shape=output_shape,
+                         name=name or "maximum").outputs[0]
 
 
 def _no_grad_binary(tf_fn, default_name, output_dtype=None):
@@ -295,20 +341,23 @@ mod = _no_grad_binary(tf.math.floormod, "mod")
 
 
 class WhereOperation(graph_lib.Operation):
-  """Element-wise choice between x and y by a boolean condition."""
+  """Element-wise choice between if_true and if_false by a bool condition."""
 
-  def __init__(self, condition, x, y, output_shape=None, name=None):
-    super().__init__([condition, x, y], name=name or "where")
+  def __init__(self, condition, if_true, if_false, output_shape=None,
+               name=None):
+    super().__init__([condition, if_true, if_false], name=name or "where")
     if condition.dtype != tf.bool:
-      raise TypeError(f"where: condition {condition.name} must be bool, got "
-                      f"{condition.dtype.name}.")
-    if x.dtype != y.dtype:
-      raise TypeError(f"where: x and y must have the same dtype, got "
-                      f"{x.dtype.name} and {y.dtype.name}.")
+      raise errors.DTypeError(
+          f"where: condition {condition.name} must be bool, got "
+          f"{condition.dtype.name}.")
+    if if_true.dtype != if_false.dtype:
+      raise errors.DTypeError(
+          f"where: if_true and if_false must have the same dtype, got "
+          f"{if_true.dtype.name} and {if_false.dtype.name}.")
     shape = broadcast_shape(
-        broadcast_shape(condition.shape, x.shape, context="where"), y.shape,
-        output_shape, "where")
-    self._outputs = [graph_lib.Tensor(self, shape, x.dtype)]
+        broadcast_shape(condition.shape, if_true.shape, context="where"),
+        if_false.shape, output_shape, "where")
+    self._outputs = [graph_lib.Tensor(self, shape, if_true.dtype)]
 
   def gradient(self, grad_ys):
     condition, x, y = self._inputs
@@ -337,13 +386,19 @@ class WhereOperation(graph_lib.Operation):
         impl.slicewise(fn, *[lowering.tensors[t] for t in self._inputs]))
 
 
-def where(condition, x, y, output_shape=None, name=None):
-  """Chooses x where `condition` is true, else y (scalars allowed)."""
-  if _is_scalar(x) and _is_scalar(y):
-    raise TypeError("where: at least one of x and y must be an mtf Tensor.")
-  x, y = binary_arguments_to_tensors(x, y)
-  return WhereOperation(condition, x, y, output_shape=output_shape,
-                        name=name).outputs[0]
+def where(condition, if_true, if_false, output_shape=None, name=None):
+  """if_true where `condition` is true, else if_false (either may be a
+  scalar), broadcast by dimension name.
+
+  Unlike the original (if_true * cond + if_false * !cond), values in the
+  branch not taken never leak in, so an inf or NaN there is harmless.
+  """
+  if _is_scalar(if_true) and _is_scalar(if_false):
+    raise TypeError("where: at least one of if_true and if_false must be an "
+                    "mtf Tensor.")
+  if_true, if_false = binary_arguments_to_tensors(if_true, if_false)
+  return WhereOperation(condition, if_true, if_false,
+                        output_shape=output_shape, name=name).outputs[0]
 
 
 class AddNOperation(graph_lib.Operation):
@@ -353,7 +408,7 @@ class AddNOperation(graph_lib.Operation):
     super().__init__(xs, name=name or "add_n")
     dtypes = {x.dtype for x in xs}
     if len(dtypes) != 1:
-      raise TypeError(
+      raise errors.DTypeError(
           f"{self.name}: operands must have the same dtype, got "
           f"{', '.join(f'{x.dtype.name} ({x.name})' for x in xs)}.")
     shape = xs[0].shape
@@ -448,8 +503,8 @@ def mtf_pow(x, y, output_shape=None, name=None):
   if not isinstance(x, graph_lib.Tensor):
     raise TypeError(f"mtf_pow: the base must be an mtf Tensor, got {x!r}.")
   if not x.dtype.is_floating:
-    raise TypeError(f"mtf_pow needs a floating-point base, got "
-                    f"{x.dtype.name} ({x.name}).")
+    raise errors.DTypeError(f"mtf_pow needs a floating-point base, got "
+                            f"{x.dtype.name} ({x.name}).")
   if _is_scalar(y) and output_shape is None:
     exponent = float(y)
 
@@ -462,6 +517,6 @@ def mtf_pow(x, y, output_shape=None, name=None):
                                grad_function=grad_function,
                                name=name or "pow")
   x, y = binary_arguments_to_tensors(x, y)
-  return BinaryOpWithBroadcasting(tf.pow, x, y, output_shape=output_shape,
-                                  grad_function=_pow_grad,
-                                  name=name or "pow").outputs[0]
+  return _BinaryOpWithGradFunction(tf.pow, x, y, _pow_grad,
+                                   output_shape=output_shape,
+                                   name=name or "pow").outputs[0]

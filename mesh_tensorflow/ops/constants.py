@@ -180,12 +180,14 @@ def ones(mesh, shape, dtype=tf.float32, name=None):
   return constant(mesh, 1, shape, dtype, name=name or "ones")
 
 
-def zeros_like(x, name=None):
-  return zeros(x.mesh, x.shape, x.dtype, name=name)
+def zeros_like(t, name=None):
+  """Zeros of the mesh, shape and dtype of Tensor `t`."""
+  return zeros(t.mesh, t.shape, t.dtype, name=name)
 
 
-def ones_like(x, name=None):
-  return ones(x.mesh, x.shape, x.dtype, name=name)
+def ones_like(t, name=None):
+  """Ones of the mesh, shape and dtype of Tensor `t`."""
+  return ones(t.mesh, t.shape, t.dtype, name=name)
 
 
 class RangeOperation(graph_lib.Operation):

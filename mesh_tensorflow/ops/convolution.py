@@ -201,14 +201,15 @@ class _ConvOperation(_ConvBase):
 
   _kind = "conv"
 
-  def __init__(self, x, conv_filter, strides, padding, name=None):
+  def __init__(self, conv_input, conv_filter, strides, padding, name=None):
+    x = conv_input
     super().__init__([x, conv_filter],
                      name=name or f"conv{self._rank}d")
     self._validate(x.shape, conv_filter.shape, strides, padding, -2)
     if x.dtype != conv_filter.dtype:
-      raise TypeError(f"conv {self.name!r}: input and filter must share a "
-                      f"dtype, got {x.dtype.name} and "
-                      f"{conv_filter.dtype.name}.")
+      raise errors.DTypeError(
+          f"conv {self.name!r}: input and filter must share a dtype, got "
+          f"{x.dtype.name} and {conv_filter.dtype.name}.")
     out_shape = self._conv_shape(conv_filter.shape.dims[-1])
     self._outputs = [graph_lib.Tensor(self, out_shape, x.dtype)]
     self._initialize_splittable_and_unsplittable_dims(
@@ -249,26 +250,57 @@ class Conv3dOperation(_ConvOperation):
   _rank = 3
 
 
-class Conv2or3dBackpropInputOperation(_ConvBase):
-  """The gradient of a convolution with respect to its input.
+def _check_conv_dimension(conv_dimension):
+  if conv_dimension not in (2, 3):
+    raise ValueError(f"conv_dimension must be 2 or 3, got {conv_dimension!r}.")
+  return conv_dimension
 
-  Given the input shape [batch..., spatial..., cin], a filter [fspatial...,
-  cin, cout] and dy [batch..., out spatial..., cout], computes the input
-  gradient (= the transposed convolution of dy). Sums over cout, so a split
-  cout leaves partial sums (lazily allreduced).
+
+class Conv2or3dBackpropInputOperation(_ConvBase):
+  """The gradient of a (transposed) convolution with respect to its input.
+
+  Not transposed: given the input shape [batch..., spatial..., cin], a
+  filter [fspatial..., cin, cout] and dy [batch..., out spatial..., cout],
+  computes the input gradient of the convolution (= the transposed
+  convolution of dy). Transposed (`is_transpose`): the input gradient of a
+  transposed convolution with filter [fspatial..., cout, cin], which is the
+  convolution of dy with the same filter. Sums over dy's channels, so when
+  they are split the result is a partial sum (lazily allreduced).
+
+  Args:
+    conv_dimension: 2 or 3.
+    is_transpose: whether the forward operation was a transposed
+      convolution.
+    input_shape: the Shape of the forward operation's input.
+    conv_filter: the filter Tensor.
+    dy: the gradient of the forward operation's output.
+    strides, padding: those of the forward operation.
+    name: an optional name.
   """
 
   _kind = "conv_backprop_input"
 
-  def __init__(self, rank, input_shape, conv_filter, dy, strides, padding,
-               name=None):
-    self._rank = rank
+  def __init__(self, conv_dimension, is_transpose, input_shape, conv_filter,
+               dy, strides, padding, name=None):
+    rank = self._rank = _check_conv_dimension(conv_dimension)
+    self._is_transpose = bool(is_transpose)
+    trans = "_trans" if is_transpose else ""
     super().__init__([conv_filter, dy],
-                     name=name or f"conv{rank}d_backprop_input")
+                     name=name or f"conv{rank}d{trans}_backprop_input")
     input_shape = shape_lib.convert_to_shape(input_shape)
-    self._validate(input_shape, conv_filter.shape, strides, padding, -2)
-    self._check_dy_shape(dy.shape,
-                         self._conv_shape(conv_filter.shape.dims[-1]))
+    if self._is_transpose:
+      # The input gradient is conv(dy, filter): validate it as that.
+      self._validate(dy.shape, conv_filter.shape, strides, padding, -2)
+      produced = self._conv_shape(conv_filter.shape.dims[-1])
+      if produced != input_shape:
+        raise errors.ShapeError(
+            f"{self._kind} {self.name!r}: the convolution of dy {dy.shape} "
+            f"with filter {conv_filter.shape} gives {produced}, not the "
+            f"input shape {input_shape}.")
+    else:
+      self._validate(input_shape, conv_filter.shape, strides, padding, -2)
+      self._check_dy_shape(dy.shape,
+                           self._conv_shape(conv_filter.shape.dims[-1]))
     self._outputs = [graph_lib.Tensor(self, input_shape, dy.dtype)]
     self._initialize_splittable_and_unsplittable_dims(
         "splittable", self._unsplittable)
@@ -276,11 +308,17 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
   def gradient(self, grad_ys):
     g = grad_ys[0]
     conv_filter, dy = self._inputs
-    conv = conv2d if self._rank == 2 else conv3d
+    rank, strides, padding = self._rank, self._strides, self._padding
+    if self._is_transpose:
+      # y = conv(dy, filter).
+      return [_backprop_filter(dy, conv_filter.shape, g, strides, padding,
+                               rank),
+              _backprop_input(dy.shape, conv_filter, g, strides, padding,
+                              rank)]
+    conv = conv2d if rank == 2 else conv3d
     return [
-        _backprop_filter(g, conv_filter.shape, dy, self._strides,
-                         self._padding, self._rank),
-        conv(g, conv_filter, self._strides, self._padding),
+        _backprop_filter(g, conv_filter.shape, dy, strides, padding, rank),
+        conv(g, conv_filter, strides, padding),
     ]
 
   def lower(self, lowering):
@@ -292,6 +330,8 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
 
     def fn(f_slice, dy_slice):
       flat, restore = _flatten_batch_dims(dy_slice, rank + 1)
+      if self._is_transpose:
+        return restore(_tf_conv(rank)(flat, f_slice, strides, padding))
       sizes = [flat.shape[0]] + kept
       return restore(_tf_backprop_input(rank)(
           input_sizes=sizes, filter=f_slice, out_backprop=flat,
@@ -299,55 +339,79 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
 
     y = impl.slicewise(fn, lowering.laid_out_tensor(conv_filter),
                        lowering.laid_out_tensor(dy))
-    y = _lazy_sum(impl, y, _split_axes(impl, [conv_filter.shape.dims[-1]]))
+    y = _lazy_sum(impl, y, _split_axes(impl, [dy.shape.dims[-1]]))
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 
 class Conv2or3dBackpropFilterOperation(_ConvBase):
-  """The gradient of a convolution with respect to its filter.
+  """The gradient of a (transposed) convolution with respect to its filter.
 
-  Given the input x [batch..., spatial..., cin], the filter shape
-  [fspatial..., cin, cout] and dy [batch..., out spatial..., cout]. Sums over
-  the batch, so split batch dimensions leave partial sums (lazily
-  allreduced over their mesh dimensions).
+  Not transposed: given the input [batch..., spatial..., cin], the filter
+  shape [fspatial..., cin, cout] and dy [batch..., out spatial..., cout].
+  Transposed (`is_transpose`): the filter [fspatial..., cout, cin] of a
+  transposed convolution of the input [batch..., spatial..., cin] whose
+  output gradient is dy [batch..., out spatial..., cout]; the roles of the
+  input and dy swap. Sums over the batch, so split batch dimensions leave
+  partial sums (lazily allreduced over their mesh dimensions).
+
+  Args:
+    conv_dimension: 2 or 3.
+    is_transpose: whether the forward operation was a transposed
+      convolution.
+    conv_input: the forward operation's input Tensor.
+    filter_shape: the Shape of the filter.
+    dy: the gradient of the forward operation's output.
+    strides, padding: those of the forward operation.
+    name: an optional name.
   """
 
   _kind = "conv_backprop_filter"
 
-  def __init__(self, rank, x, filter_shape, dy, strides, padding, name=None):
-    self._rank = rank
-    super().__init__([x, dy], name=name or f"conv{rank}d_backprop_filter")
+  def __init__(self, conv_dimension, is_transpose, conv_input, filter_shape,
+               dy, strides, padding, name=None):
+    rank = self._rank = _check_conv_dimension(conv_dimension)
+    self._is_transpose = bool(is_transpose)
+    trans = "_trans" if is_transpose else ""
+    super().__init__([conv_input, dy],
+                     name=name or f"conv{rank}d{trans}_backprop_filter")
     filter_shape = shape_lib.convert_to_shape(filter_shape)
-    self._validate(x.shape, filter_shape, strides, padding, -2)
-    self._check_dy_shape(dy.shape, self._conv_shape(filter_shape.dims[-1]))
+    # The convolution whose filter gradient this is maps `image` to `grad`.
+    image, grad = (dy, conv_input) if self._is_transpose else (conv_input, dy)
+    self._validate(image.shape, filter_shape, strides, padding, -2)
+    self._check_dy_shape(grad.shape, self._conv_shape(filter_shape.dims[-1]))
     self._outputs = [graph_lib.Tensor(self, filter_shape, dy.dtype)]
     self._initialize_splittable_and_unsplittable_dims(
         "splittable", self._unsplittable)
 
   def gradient(self, grad_ys):
     g = grad_ys[0]
-    x, dy = self._inputs
+    conv_input, dy = self._inputs
+    image, grad = (dy, conv_input) if self._is_transpose else (conv_input, dy)
     conv = conv2d if self._rank == 2 else conv3d
-    return [
-        _backprop_input(x.shape, g, dy, self._strides, self._padding,
-                        self._rank),
-        conv(x, g, self._strides, self._padding),
-    ]
+    d_image = _backprop_input(image.shape, g, grad, self._strides,
+                              self._padding, self._rank)
+    d_grad = conv(image, g, self._strides, self._padding)
+    if self._is_transpose:
+      return [d_grad, d_image]
+    return [d_image, d_grad]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    x, dy = self._inputs
+    conv_input, dy = self._inputs
     rank, strides, padding = self._rank, self._strides, self._padding
     filter_slice_shape = impl.slice_shape(self._outputs[0].shape)
+    swap = self._is_transpose
 
-    def fn(x_slice, dy_slice):
+    def fn(input_slice, dy_slice):
+      x_slice, g_slice = (dy_slice, input_slice) if swap else (input_slice,
+                                                               dy_slice)
       x_flat, _ = _flatten_batch_dims(x_slice, rank + 1)
-      dy_flat, _ = _flatten_batch_dims(dy_slice, rank + 1)
+      g_flat, _ = _flatten_batch_dims(g_slice, rank + 1)
       return _tf_backprop_filter(rank)(
           input=x_flat, filter_sizes=filter_slice_shape,
-          out_backprop=dy_flat, strides=strides, padding=padding)
+          out_backprop=g_flat, strides=strides, padding=padding)
 
-    y = impl.slicewise(fn, lowering.laid_out_tensor(x),
+    y = impl.slicewise(fn, lowering.laid_out_tensor(conv_input),
                        lowering.laid_out_tensor(dy))
     y = _lazy_sum(impl, y, _split_axes(impl, self._batch_dims))
     lowering.set_tensor_lowering(self._outputs[0], y)
@@ -355,12 +419,12 @@ class Conv2or3dBackpropFilterOperation(_ConvBase):
 
 def _backprop_input(input_shape, conv_filter, dy, strides, padding, rank):
   return Conv2or3dBackpropInputOperation(
-      rank, input_shape, conv_filter, dy, strides, padding).outputs[0]
+      rank, False, input_shape, conv_filter, dy, strides, padding).outputs[0]
 
 
 def _backprop_filter(x, filter_shape, dy, strides, padding, rank):
   return Conv2or3dBackpropFilterOperation(
-      rank, x, filter_shape, dy, strides, padding).outputs[0]
+      rank, False, x, filter_shape, dy, strides, padding).outputs[0]
 
 
 def _swap_channels(filter_shape):
@@ -378,14 +442,15 @@ class _ConvTransposeOperation(_ConvBase):
 
   _kind = "conv_transpose"
 
-  def __init__(self, x, conv_filter, strides, padding, name=None):
+  def __init__(self, conv_input, conv_filter, strides, padding, name=None):
+    x = conv_input
     super().__init__([x, conv_filter],
                      name=name or f"conv{self._rank}d_transpose")
     self._validate(x.shape, conv_filter.shape, strides, padding, -1)
     if x.dtype != conv_filter.dtype:
-      raise TypeError(f"conv_transpose {self.name!r}: input and filter must "
-                      f"share a dtype, got {x.dtype.name} and "
-                      f"{conv_filter.dtype.name}.")
+      raise errors.DTypeError(
+          f"conv_transpose {self.name!r}: input and filter must share a "
+          f"dtype, got {x.dtype.name} and {conv_filter.dtype.name}.")
     dims = []
     for d, f, s in zip(self._spatial_dims, self._filter_spatial_dims,
                        self._strides[1:-1]):
@@ -498,56 +563,64 @@ def conv2d_backprop_input(input_shape, conv_filter, dy, strides, padding,
                           name=None):
   """The gradient of `conv2d` with respect to an input of `input_shape`."""
   return Conv2or3dBackpropInputOperation(
-      2, input_shape, conv_filter, dy, strides, padding, name=name).outputs[0]
+      2, False, input_shape, conv_filter, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv2d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
                            name=None):
   """The gradient of `conv2d` with respect to a filter of `filter_shape`."""
   return Conv2or3dBackpropFilterOperation(
-      2, conv_input, filter_shape, dy, strides, padding, name=name).outputs[0]
+      2, False, conv_input, filter_shape, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv3d_backprop_input(input_shape, conv_filter, dy, strides, padding,
                           name=None):
   """The gradient of `conv3d` with respect to an input of `input_shape`."""
   return Conv2or3dBackpropInputOperation(
-      3, input_shape, conv_filter, dy, strides, padding, name=name).outputs[0]
+      3, False, input_shape, conv_filter, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv3d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
                            name=None):
   """The gradient of `conv3d` with respect to a filter of `filter_shape`."""
   return Conv2or3dBackpropFilterOperation(
-      3, conv_input, filter_shape, dy, strides, padding, name=name).outputs[0]
+      3, False, conv_input, filter_shape, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv2d_transpose_backprop_input(input_shape, conv_filter, dy, strides,
                                     padding, name=None):
   """The gradient of `conv2d_transpose` with respect to its input."""
-  del input_shape
-  return conv2d(dy, conv_filter, strides, padding, name=name)
+  return Conv2or3dBackpropInputOperation(
+      2, True, input_shape, conv_filter, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv2d_transpose_backprop_filter(conv_input, filter_shape, dy, strides,
                                      padding, name=None):
   """The gradient of `conv2d_transpose` with respect to its filter."""
-  return conv2d_backprop_filter(dy, filter_shape, conv_input, strides,
-                                padding, name=name)
+  return Conv2or3dBackpropFilterOperation(
+      2, True, conv_input, filter_shape, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv3d_transpose_backprop_input(input_shape, conv_filter, dy, strides,
                                     padding, name=None):
   """The gradient of `conv3d_transpose` with respect to its input."""
-  del input_shape
-  return conv3d(dy, conv_filter, strides, padding, name=name)
+  return Conv2or3dBackpropInputOperation(
+      3, True, input_shape, conv_filter, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def conv3d_transpose_backprop_filter(conv_input, filter_shape, dy, strides,
                                      padding, name=None):
   """The gradient of `conv3d_transpose` with respect to its filter."""
-  return conv3d_backprop_filter(dy, filter_shape, conv_input, strides,
-                                padding, name=name)
+  return Conv2or3dBackpropFilterOperation(
+      3, True, conv_input, filter_shape, dy, strides, padding,
+      name=name).outputs[0]
 
 
 def _with_blocks(conv_fn, x, conv_filter, strides, padding, blocks_dims,

@@ -5,6 +5,7 @@ import contextlib
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-tensorflow-import
 
+from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 
 __all__ = [
@@ -69,19 +70,22 @@ def collect_scalar_summaries():
 
 
 class ScalarSummaryOperation(graph_lib.Operation):
-  """Identity of a scalar that records it as a summary named `summary_name`.
+  """Identity of a scalar that records it as a summary named `name`.
 
-  The value is kept in `lowering.scalar_summaries` (the training loop writes
-  those), and written at once with tf.summary.scalar when a default summary
-  writer and step are set.
+  As in the original, `name` is both the summary's name and (made unique
+  in the graph) the operation's. The value is kept in
+  `lowering.scalar_summaries` (the training loop writes those), and written
+  at once with tf.summary.scalar when a default summary writer and step are
+  set.
   """
 
-  def __init__(self, summary_name, x, name=None):
-    super().__init__([x], name=name or "scalar_summary")
+  def __init__(self, name, x):
+    super().__init__([x], name=name)
     if x.shape.ndims:
-      raise ValueError(f"scalar_summary {summary_name!r}: {x.name} must be a "
-                       f"scalar, got {x.shape}.")
-    self._summary_name = summary_name
+      raise errors.ShapeError(
+          f"scalar_summary {name!r}: {x.name} must be a scalar, got "
+          f"{x.shape}.")
+    self._summary_name = name
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
 
   def gradient(self, grad_ys):

@@ -10,6 +10,7 @@ import math
 
 import tensorflow as tf
 
+from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow.ops import slicewise_ops
 
 
@@ -117,10 +118,29 @@ def cast(x, dtype, name="cast"):
                              name=name)
 
 
+class StopGradient(graph_lib.Operation):
+  """Like tf.stop_gradient: the identity, and mtf.gradients stops here.
+
+  It lowers to its input's slices as they are (a pending allreduce stays
+  pending), with no TF op of its own.
+  """
+
+  def __init__(self, x, name=None):
+    super().__init__([x], mesh=x.mesh, name=name or "stop_gradient")
+    self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
+
+  @property
+  def has_gradient(self):
+    return False
+
+  def lower(self, lowering):
+    lowering.set_tensor_lowering(self._outputs[0],
+                                 lowering.tensors[self._inputs[0]])
+
+
 def stop_gradient(x, name="stop_gradient"):
   """Identity whose gradient is zero (None)."""
-  return slicewise_ops.cwise(tf.stop_gradient, [x], name=name,
-                             grad_function=lambda op, dy: [None])
+  return StopGradient(x, name=name).outputs[0]
 
 
 def logical_not(x, name="logical_not"):

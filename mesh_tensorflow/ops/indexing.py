@@ -48,9 +48,10 @@ class OneHotOperation(graph_lib.Operation):
   def __init__(self, indices, output_dim, on_value, off_value, dtype,
                name=None):
     super().__init__([indices], name=name or "one_hot")
-    if indices.dtype.is_floating:
-      raise TypeError(f"one_hot: indices {indices.name} must be integers, "
-                      f"got {indices.dtype.name}.")
+    if not indices.dtype.is_integer:
+      raise errors.DTypeError(
+          f"one_hot {self.name!r}: indices {indices.name} must be integers, "
+          f"got {indices.dtype.name}.")
     self._output_dim = shape_lib.convert_to_dimension(output_dim)
     self._on_value = on_value
     self._off_value = off_value
@@ -84,11 +85,19 @@ def one_hot(indices, output_dim, on_value=1.0, off_value=0.0,
                          name=name).outputs[0]
 
 
+def _check_indices(indices, context):
+  if indices.dtype not in (tf.int32, tf.int64):
+    raise errors.DTypeError(
+        f"{context}: indices {indices.name} must be int32 or int64, got "
+        f"{indices.dtype.name}; cast them with mtf.cast or mtf.to_int32.")
+
+
 class GatherOperation(graph_lib.Operation):
   """output[i..., rest...] = weights[rest with dim = indices[i...]]."""
 
   def __init__(self, weights, indices, dim, output_shape, name=None):
     super().__init__([weights, indices], name=name or "gather")
+    _check_indices(indices, f"GatherOperation {self.name!r}")
     self._dim = dim
     self._outputs = [graph_lib.Tensor(self, output_shape, weights.dtype)]
 
@@ -207,6 +216,7 @@ def gather(weights, indices, dim, output_shape=None, name=None):
                             f"{weights.name} {weights.shape}.")
   if not isinstance(indices, graph_lib.Tensor):
     indices = constants.constant(weights.mesh, indices, dtype=tf.int32)
+  _check_indices(indices, f"gather {name or ''}".rstrip())
   if weights.dtype == tf.bool:
     return elementwise.cast(
         gather(elementwise.to_float(weights), indices, dim, output_shape),

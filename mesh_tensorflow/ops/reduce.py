@@ -15,6 +15,7 @@ from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import reshapes
+from mesh_tensorflow.ops import slicewise_ops
 
 _LOCAL_REDUCE = {
     "SUM": tf.reduce_sum,
@@ -112,6 +113,16 @@ def _reduction_output_shape(x, output_shape, reduced_dim):
   return x.shape - reduced
 
 
+def _reject_positional(fn_name, disable_positional_args):
+  """The original's guard: reduce_sum(x, some_shape) is ambiguous (output
+  shape or reduced dimension?), so only `x` may be passed positionally."""
+  if disable_positional_args is not None:
+    raise ValueError(
+        f"{fn_name} takes only x positionally; pass output_shape=... or "
+        f"reduced_dim=... by keyword (got {disable_positional_args!r} as a "
+        "second positional argument).")
+
+
 def _reduce(x, output_shape, reduced_dim, fn_string, name):
   output_shape = _reduction_output_shape(x, output_shape, reduced_dim)
   if output_shape == x.shape:
@@ -119,32 +130,73 @@ def _reduce(x, output_shape, reduced_dim, fn_string, name):
   return ReduceOperation(x, output_shape, fn_string, name=name).outputs[0]
 
 
-def reduce_sum(x, *, output_shape=None, reduced_dim=None, name=None):
+def reduce_sum(x, disable_positional_args=None, output_shape=None,
+               reduced_dim=None, name=None):
   """Sum over `reduced_dim` (a Dimension or list), or down to
-  `output_shape`; with neither, over everything."""
+  `output_shape` (a subsequence of x's dimensions, in any order); with
+  neither, over everything. Pass them by keyword.
+
+  Args:
+    x: a Tensor.
+    disable_positional_args: must stay None (see above).
+    output_shape: an optional Shape.
+    reduced_dim: an optional Dimension or list of Dimensions.
+    name: an optional name.
+  """
+  _reject_positional("reduce_sum", disable_positional_args)
   return _reduce(x, output_shape, reduced_dim, "SUM", name)
 
 
-def reduce_mean(x, *, output_shape=None, reduced_dim=None, name=None):
+def reduce_mean(x, disable_positional_args=None, output_shape=None,
+                reduced_dim=None, name=None):
+  """Mean over `reduced_dim` or down to `output_shape` (see reduce_sum).
+
+  Integers follow tf.reduce_mean: the exact integer sum divided by the
+  number of entries, truncated towards zero.
+  """
+  _reject_positional("reduce_mean", disable_positional_args)
+  if x.dtype == tf.bool or not (x.dtype.is_floating or x.dtype.is_integer or
+                                x.dtype.is_complex):
+    raise errors.DTypeError(
+        f"{name or 'reduce_mean'}: cannot average {x.name} of dtype "
+        f"{x.dtype.name}; cast it to a number type first.")
   output_shape = _reduction_output_shape(x, output_shape, reduced_dim)
   total = reduce_sum(x, output_shape=output_shape, name=name)
-  ratio = output_shape.size / x.shape.size
-  return total if ratio == 1 else total * ratio
+  count = x.shape.size // max(1, output_shape.size)
+  if count == 1:
+    return total
+  if x.dtype.is_integer:
+    return slicewise_ops.cwise(
+        lambda t: tf.truncatediv(t, tf.constant(count, t.dtype)),
+        [total], name=(name or "reduce_mean") + "_divide")
+  return total * (output_shape.size / x.shape.size)
 
 
-def reduce_max(x, *, output_shape=None, reduced_dim=None, name=None):
+def reduce_max(x, disable_positional_args=None, output_shape=None,
+               reduced_dim=None, name=None):
+  """Maximum over `reduced_dim` or down to `output_shape` (see reduce_sum)."""
+  _reject_positional("reduce_max", disable_positional_args)
   return _reduce(x, output_shape, reduced_dim, "MAX", name)
 
 
-def reduce_min(x, *, output_shape=None, reduced_dim=None, name=None):
+def reduce_min(x, disable_positional_args=None, output_shape=None,
+               reduced_dim=None, name=None):
+  """Minimum over `reduced_dim` or down to `output_shape` (see reduce_sum)."""
+  _reject_positional("reduce_min", disable_positional_args)
   return _reduce(x, output_shape, reduced_dim, "MIN", name)
 
 
-def reduce_all(x, *, output_shape=None, reduced_dim=None, name=None):
+def reduce_all(x, disable_positional_args=None, output_shape=None,
+               reduced_dim=None, name=None):
+  """Logical and over `reduced_dim` or down to `output_shape` (bool x)."""
+  _reject_positional("reduce_all", disable_positional_args)
   return _reduce(x, output_shape, reduced_dim, "ALL", name)
 
 
-def reduce_any(x, *, output_shape=None, reduced_dim=None, name=None):
+def reduce_any(x, disable_positional_args=None, output_shape=None,
+               reduced_dim=None, name=None):
+  """Logical or over `reduced_dim` or down to `output_shape` (bool x)."""
+  _reject_positional("reduce_any", disable_positional_args)
   return _reduce(x, output_shape, reduced_dim, "ANY", name)
 
 

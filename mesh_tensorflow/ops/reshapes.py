@@ -151,17 +151,18 @@ def replace_dimensions(tensor_or_shape, old_dim_or_dims, new_dim_or_dims):
 
 
 class BroadcastOperation(graph_lib.Operation):
-  """Broadcasts `x` to `new_shape`, which contains all of x's dimensions."""
+  """Broadcasts `x` to `output_shape`, which holds all of x's dimensions
+  (in any order)."""
 
-  def __init__(self, x, new_shape, name=None):
+  def __init__(self, x, output_shape, name=None):
     super().__init__([x], name=name or "broadcast")
-    new_shape = shape_lib.convert_to_shape(new_shape)
-    missing = [d for d in x.shape if d not in new_shape.dims]
+    output_shape = shape_lib.convert_to_shape(output_shape)
+    missing = [d for d in x.shape if d not in output_shape.dims]
     if missing:
       raise errors.ShapeError(
-          f"Cannot broadcast {x.name} {x.shape} to {new_shape}: {missing} "
-          "are missing from the new shape.")
-    self._outputs = [graph_lib.Tensor(self, new_shape, x.dtype)]
+          f"Cannot broadcast {x.name} {x.shape} to {output_shape}: {missing} "
+          "are missing from the output shape.")
+    self._outputs = [graph_lib.Tensor(self, output_shape, x.dtype)]
 
   def gradient(self, grad_ys):
     return [reduce_lib.reduce_sum(grad_ys[0],

@@ -143,18 +143,21 @@ def pool_tensor_1d(tensor, pool_dim, reduce_fn=reduce_lib.reduce_mean,
   return reduce_fn(reshaped, reduced_dim=inner)
 
 
-def stride_tensor_1d(tensor, pool_dim, stride=2):
-  """Keeps every `stride`-th entry (0, stride, 2 * stride, ...) of `pool_dim`.
+def stride_tensor_1d(tensor, pool_dim, pool_size=2):
+  """Keeps the first entry of every window of `pool_size` entries along
+  `pool_dim` (entries 0, pool_size, 2 * pool_size, ...): pooling that takes
+  the first element.
 
   Args:
     tensor: a Tensor with `pool_dim` among its dimensions.
-    pool_dim: a Dimension or a name; its size must divide by `stride`.
-    stride: the step.
+    pool_dim: a Dimension or a name; its size must divide by `pool_size`.
+    pool_size: the window size (the stride).
 
   Returns:
-    a Tensor like `tensor` with `pool_dim` of size pool_dim.size / stride.
+    a Tensor like `tensor` with `pool_dim` of size pool_dim.size / pool_size.
   """
-  reshaped, inner = _pool_shape(tensor, pool_dim, stride, "stride_tensor_1d")
+  reshaped, inner = _pool_shape(tensor, pool_dim, pool_size,
+                                "stride_tensor_1d")
   # The window dimension is never split, so taking its first entry is local.
   first = slicing.mtf_slice(reshaped, 0, 1, inner.name)
   return reshapes.reshape(

@@ -46,14 +46,14 @@ _INDEX_DTYPES = (tf.int32, tf.int64)
 class TopKOperation(graph_lib.Operation):
   """The k largest entries of `x` along `reduced_dim`, and their indices.
 
-  Outputs `values` (dtype of `x`) and `indices` (`index_dtype`), both of
-  shape `x.shape - reduced_dim + k_dim`, sorted by decreasing value. With
-  `k_dim=None`, k is 1 and the output shape is `x.shape - reduced_dim`.
+  Outputs `values` (dtype of `x`) and `indices` (`index_dtype`, int32 by
+  default as in the original), both of shape `x.shape - reduced_dim +
+  k_dim`, sorted by decreasing value. With `k_dim=None`, k is 1 and the
+  output shape is `x.shape - reduced_dim`.
   `k_dim` cannot be split across the mesh; `reduced_dim` can.
   """
 
-  def __init__(self, x, reduced_dim, k_dim, index_dtype=tf.int32,
-               name=None):
+  def __init__(self, x, reduced_dim, k_dim, name=None, index_dtype=tf.int32):
     super().__init__([x], name=name or "top_k")
     reduced_dim = shape_lib.convert_to_dimension(reduced_dim)
     if reduced_dim not in x.shape.dims:
@@ -183,22 +183,29 @@ def top_k(x, reduced_dim, k_dim, name=None):
   return op.outputs[0], op.outputs[1]
 
 
-def top_1(x, reduced_dim, dtype=tf.int32, name=None):
-  """Argmax and max along `reduced_dim`.
+def top_1(x, reduced_dim, name=None, dtype=tf.int32):
+  """Max and argmax along `reduced_dim`.
 
-  Returns (indices, values), in this order as in the original Mesh
-  TensorFlow, both of shape `x.shape - reduced_dim`; `indices` has `dtype`.
-  On ties the smaller index wins.
+  Args:
+    x: a Tensor.
+    reduced_dim: a Dimension of `x`.
+    name: an optional name.
+    dtype: the dtype of the indices (int32, as in the original, or int64).
+
+  Returns:
+    (values, indices), in the original's order: `values` equals
+    `reduce_max(x, reduced_dim=reduced_dim)`, `indices` are the positions
+    (the smaller one on ties); both of shape `x.shape - reduced_dim`.
   """
-  op = TopKOperation(x, reduced_dim, None, index_dtype=dtype,
-                     name=name or "top_1")
-  return op.outputs[1], op.outputs[0]
+  op = TopKOperation(x, reduced_dim, None, name=name or "top_1",
+                     index_dtype=dtype)
+  return op.outputs[0], op.outputs[1]
 
 
-def argmax(x, reduced_dim, dtype=tf.int32, name=None):
+def argmax(x, reduced_dim, name=None, dtype=tf.int32):
   """The position of the largest entry along `reduced_dim` (smallest on
-  ties), of shape `x.shape - reduced_dim`."""
-  return top_1(x, reduced_dim, dtype=dtype, name=name or "argmax")[0]
+  ties), of shape `x.shape - reduced_dim` and dtype `dtype` (int32)."""
+  return top_1(x, reduced_dim, name=name or "argmax", dtype=dtype)[1]
 
 
 def _check_n(n, reduced_dim, what):

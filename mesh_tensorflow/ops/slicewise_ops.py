@@ -18,26 +18,43 @@ class SlicewiseOperation(graph_lib.Operation):
 
   The dimensions listed in `splittable_dims` may be split; any other
   dimension must be replicated, because `tf_fn` would see only part of it.
+
+  Args:
+    tf_fn: fn(*slices) -> a tf.Tensor, or a tuple of them (one per output).
+    inputs: a list of mtf Tensors.
+    output_shapes: a list of Shapes, one per output.
+    output_dtypes: a list of dtypes, one per output.
+    splittable_dims: the Dimensions (or names) that may be split.
+    grad_function: optional fn(op, *dys) -> a gradient per input; None
+      differentiates `tf_fn` per slice (GenericGradOperation); 0 means no
+      gradient, as in the original.
+    name: an optional name.
   """
 
-  def __init__(self, tf_fn, inputs, output_shape, output_dtype,
+  def __init__(self, tf_fn, inputs, output_shapes, output_dtypes,
                splittable_dims, grad_function=None, name=None):
     super().__init__(inputs, name=name or "slicewise")
     self._tf_fn = tf_fn
     self._grad_function = grad_function
-    multiple = isinstance(output_dtype, (list, tuple))
-    shapes = list(output_shape) if multiple else [output_shape]
-    dtypes = list(output_dtype) if multiple else [output_dtype]
-    if multiple and len(shapes) != len(dtypes):
+    shapes, dtypes = list(output_shapes), list(output_dtypes)
+    if len(shapes) != len(dtypes) or not shapes:
       raise errors.ShapeError(
-          f"slicewise {self.name!r}: {len(shapes)} output shapes but "
-          f"{len(dtypes)} output dtypes.")
-    self._multiple_outputs = multiple
+          f"slicewise {self.name!r}: needs one output shape per output "
+          f"dtype, got {len(shapes)} shapes and {len(dtypes)} dtypes.")
     self._outputs = [
-        graph_lib.Tensor(self, shape_lib.convert_to_shape(s), d, index=i)
+        graph_lib.Tensor(self, shape_lib.convert_to_shape(s),
+                         tf.as_dtype(d), index=i)
         for i, (s, d) in enumerate(zip(shapes, dtypes))]
-    names = [d if isinstance(d, str) else d.name for d in splittable_dims]
+    names = [d if isinstance(d, str) else d.name
+             for d in (splittable_dims or [])]
     self._initialize_splittable_and_unsplittable_dims("unsplittable", names)
+
+  @property
+  def has_gradient(self):
+    if self._grad_function is not None and not callable(
+        self._grad_function):
+      return False  # grad_function=0: no gradient.
+    return super().has_gradient
 
   @property
   def tf_fn(self):
@@ -52,7 +69,7 @@ class SlicewiseOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     values = impl.slicewise(self._tf_fn,
                             *[lowering.tensors[x] for x in self._inputs])
-    if not self._multiple_outputs:
+    if not isinstance(values, (tuple, list)):
       values = (values,)
     for t, v in zip(self._outputs, values):
       lowering.set_tensor_lowering(t, v)
@@ -123,14 +140,17 @@ def slicewise(tf_fn, xs, output_shape=None, output_dtype=None,
     an mtf Tensor, or a tuple of them for several outputs.
   """
   multiple = isinstance(output_dtype, (list, tuple))
-  if output_dtype is None:
-    output_dtype = xs[0].dtype
-  if output_shape is None:
-    output_shape = [xs[0].shape] * len(output_dtype) if multiple else (
-        xs[0].shape)
-  op = SlicewiseOperation(tf_fn, xs, output_shape, output_dtype,
-                          splittable_dims or [], grad_function=grad_function,
-                          name=name)
+  if multiple:
+    shapes = (list(output_shape) if output_shape is not None
+              else [None] * len(output_dtype))
+    dtypes = list(output_dtype)
+  else:
+    shapes, dtypes = [output_shape], [output_dtype]
+  # As in the original, a missing shape or dtype is that of xs[0].
+  shapes = [xs[0].shape if shp is None else shp for shp in shapes]
+  dtypes = [xs[0].dtype if d is None else d for d in dtypes]
+  op = SlicewiseOperation(tf_fn, xs, shapes, dtypes, splittable_dims or [],
+                          grad_function=grad_function, name=name)
   if multiple:
     return tuple(op.outputs)
   return op.outputs[0]

@@ -116,8 +116,9 @@ def mtf_slice(x, begin, size, slice_dim_name, name=None):
 class PadOperation(graph_lib.Operation):
   """Pads with zeros before and after along one dimension."""
 
-  def __init__(self, x, paddings, dim_name, name=None):
+  def __init__(self, x, paddings, pad_dim_name, name=None):
     super().__init__([x], name=name or "pad")
+    dim_name = pad_dim_name
     self._axis = x.shape.index(
         shape_lib.dimension_of(x.shape, dim_name, self.name))
     before, after = paddings

@@ -12,11 +12,24 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 
 
+_HOST = "/cpu:0"
+
+
 class Variable(graph_lib.Operation):
-  """A trainable or non-trainable mtf variable; its output is its value."""
+  """A trainable or non-trainable mtf variable; its output is its value.
+
+  Its TF variables (one slice per processor, and in compat graph mode a
+  master copy on the host) are made by the mesh implementation when the
+  graph is lowered, not when the Variable is built as in the original; so
+  `get_master`, `assign_to_master` and `master_device` refer to the most
+  recent Lowering of this variable and raise before there is one.
+  """
 
   lower_in_name_scope = False
   cloneable = False
+  # Whether the mesh implementation stores it (a StackedVariable reads and
+  # writes its members' storage instead).
+  has_own_storage = True
 
   def __init__(self, mesh, name, shape, dtype, initializer, trainable,
                **kwargs):
@@ -32,6 +45,8 @@ class Variable(graph_lib.Operation):
     self._extra_kwargs = kwargs
     self._outputs = [graph_lib.Tensor(self, self._shape,
                                       dtype.activation_dtype)]
+    # (mesh_impl, laid-out variable) of the latest lowering.
+    self._lowered_as = None
     mesh.graph._add_variable(self)  # pylint: disable=protected-access
 
   @property
@@ -75,11 +90,69 @@ class Variable(graph_lib.Operation):
     return self._trainable
 
   def lower(self, lowering):
-    laid_out_variable = lowering.mesh_impl(self).make_laid_out_variable(
+    mesh_impl = lowering.mesh_impl(self)
+    laid_out_variable = mesh_impl.make_laid_out_variable(
         self, lowering.stack_group(self))
+    self._lowered_as = (mesh_impl, laid_out_variable)
     lowering.variables[self] = laid_out_variable
     lowering.set_tensor_lowering(self._outputs[0],
                                  laid_out_variable.laid_out_tensor)
+
+  def _lowered(self, what):
+    if self._lowered_as is None:
+      raise ValueError(
+          f"Variable {self.name!r}: {what} needs the variable's TF variables, "
+          "which the mesh implementation makes when the graph is lowered; "
+          "build an mtf.Lowering of the graph first.")
+    return self._lowered_as
+
+  def _master_variable(self, what):
+    _, laid_out = self._lowered(what)
+    return getattr(laid_out, "master", None)
+
+  @property
+  def master_device(self):
+    """Where the master copy lives: the master variable's device in compat
+    graph mode; otherwise the host, where get_master assembles the value."""
+    master = self._master_variable("master_device")
+    return master.device if master is not None else _HOST
+
+  def get_master(self):
+    """The variable's full value in its master dtype (what checkpoints hold).
+
+    In compat graph mode, the master TF variable itself (fill it from the
+    slices with `Lowering.copy_slices_to_masters()`); in eager and
+    tf.function mode, where the slices are the variables, a tensor
+    assembled from them on the host.
+    """
+    master = self._master_variable("get_master")
+    if master is not None:
+      return master
+    mesh_impl, laid_out = self._lowered("get_master")
+    storage = laid_out.storage
+    slices = [storage.slice_value(pnum) for pnum in range(mesh_impl.size)]
+    with tf.device(_HOST):
+      full = mesh_impl.combine_slices(slices, self.shape, device=_HOST)
+      return tf.cast(full, self.master_dtype)
+
+  def assign_to_master(self, val):
+    """Sets the master value to `val` (a tf.Tensor of the full shape).
+
+    In compat graph mode this assigns the master variable (copy it to the
+    slices with `Lowering.copy_masters_to_slices()`) and returns the TF op;
+    in eager and tf.function mode it assigns every processor's slice at once
+    (and returns None eagerly, the grouped op in a tf.function).
+    """
+    master = self._master_variable("assign_to_master")
+    if master is not None:
+      return master.assign(tf.cast(val, master.dtype), read_value=False)
+    mesh_impl, laid_out = self._lowered("assign_to_master")
+    storage = laid_out.storage
+    value = tf.cast(tf.convert_to_tensor(val), self.master_dtype)
+    pieces = mesh_impl.make_slices(value, self.shape)
+    ops = [storage.assign_slice(pnum, piece)
+           for pnum, piece in enumerate(pieces)]
+    return _group(ops)
 
 
 def _variable_dtype(dtype, master_dtype, slice_dtype, activation_dtype):
@@ -128,13 +201,24 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
 
 
 class ReadVariable(graph_lib.Operation):
-  """Reads a variable's current slices again (e.g. after an assignment)."""
+  """Reads a variable's current slices again (e.g. after an assignment).
 
-  def __init__(self, var, dependencies=(), name=None):
+  Args:
+    var: the Variable.
+    name: an optional name.
+    dependencies: Assign operations the read must follow (needed in compat
+      graph mode, where TF does not order a read after a write by itself).
+  """
+
+  def __init__(self, var, name=None, dependencies=()):
     super().__init__(var.outputs, name=name or "read_variable")
     self._var = var
     self._dependencies = list(dependencies)
     self._outputs = [graph_lib.Tensor(self, var.shape, var.activation_dtype)]
+
+  @property
+  def variable(self):
+    return self._var
 
   def gradient(self, grad_ys):
     return grad_ys
@@ -153,20 +237,38 @@ def read_variable(var, dependencies=()):
   does not otherwise order a read after a write; eager and tf.function
   code runs in program order anyway.
   """
-  return ReadVariable(_as_variable(var), dependencies).outputs[0]
+  return ReadVariable(_as_variable(var, "read_variable"),
+                      dependencies=dependencies).outputs[0]
 
 
-def assign_slice(variable, value):
-  """Slice-level assignment (cast to the slice dtype)."""
-  return variable.assign(tf.cast(value, variable.dtype), read_value=False)
+def assign_slice(variable, slice_var, val):
+  """Sets one processor's slice: `slice_var` (a TF variable holding a slice
+  of mtf Variable `variable`) to `val`, cast to the slice dtype.
+
+  This is the default `assign_fn` of `Assign`; an assign_fn takes the same
+  three arguments and returns the TF op (None when eager).
+  """
+  return slice_var.assign(tf.cast(val, variable.slice_dtype),
+                          read_value=False)
 
 
-def assign_add_slice(variable, value):
-  return variable.assign_add(tf.cast(value, variable.dtype), read_value=False)
+def assign_add_slice(variable, slice_var, val):
+  """Adds `val` (cast to the slice dtype) to one processor's slice."""
+  return slice_var.assign_add(tf.cast(val, variable.slice_dtype),
+                              read_value=False)
 
 
-def assign_sub_slice(variable, value):
-  return variable.assign_sub(tf.cast(value, variable.dtype), read_value=False)
+def assign_sub_slice(variable, slice_var, val):
+  """Subtracts `val` (cast to the slice dtype) from one processor's slice."""
+  return slice_var.assign_sub(tf.cast(val, variable.slice_dtype),
+                              read_value=False)
+
+
+def _bind(assign_fn, variable):
+  """The mesh implementations call fn(slice_var, value); bind `variable`."""
+  def slice_assign(slice_var, value):
+    return assign_fn(variable, slice_var, value)
+  return slice_assign
 
 
 class Assign(graph_lib.Operation):
@@ -200,30 +302,61 @@ class Assign(graph_lib.Operation):
     return self._assign_fn
 
   def lower(self, lowering):
-    laid_out_variables = [lowering.variables[v] for v in self._variables]
-    values = [lowering.laid_out_tensor(x) for x in self._inputs]
-    lowering.operations[self] = lowering.mesh_impl(
-        self).assign_to_variables(laid_out_variables, values,
-                                  self._assign_fn)
+    # assign_fn(variable, slice_var, value) needs its mtf variable, so the
+    # variables go to the mesh implementation in groups that share one: a
+    # variable alone, or the members of one autostack group (same dtypes,
+    # assigned together in one call per processor; the first member stands
+    # for the stack, as the StackedVariable did in the original).
+    groups = {}
+    for var, value in zip(self._variables, self._inputs):
+      group = lowering.stack_group(var)
+      key = ("stack", id(group)) if group is not None else ("var", id(var))
+      groups.setdefault(key, []).append((var, value))
+    impl = lowering.mesh_impl(self)
+    ops = []
+    for members in groups.values():
+      ops.append(impl.assign_to_variables(
+          [lowering.variables[v] for v, _ in members],
+          [lowering.laid_out_tensor(x) for _, x in members],
+          _bind(self._assign_fn, members[0][0])))
+    lowering.operations[self] = _group(ops)
 
 
-def _as_variable(var):
-  """The Variable behind `var`: a Variable, its value, or a unary chain."""
+def _as_variable(var, context):
+  """The Variable behind `var`: a Variable, its value, or a read of it.
+
+  Anything else is refused: in particular the output of another operation
+  (mtf.negative(v), v * 2, mtf.identity(v), ...), which is a new value and
+  not the variable; writing "to" it must not silently write to v.
+  """
   if isinstance(var, Variable):
     return var
   if isinstance(var, graph_lib.Tensor):
     op = var.operation
-    while not isinstance(op, Variable):
-      if len(op.inputs) != 1:
-        raise ValueError(f"{var.name} is not the value of a variable.")
-      op = op.inputs[0].operation
-    return op
-  raise TypeError(f"Expected an mtf Variable or its value, got {var!r}.")
+    if isinstance(op, Variable):
+      return op
+    if isinstance(op, ReadVariable):
+      return op.variable
+    raise ValueError(
+        f"{context}: {var.name} is the output of {type(op).__name__} "
+        f"{op.name!r}, not the value of a variable; pass the variable (or "
+        "the tensor mtf.get_variable returned) instead.")
+  raise TypeError(f"{context}: expected an mtf Variable or its value, got "
+                  f"{var!r}.")
 
 
 def assign(var, new_val, assign_fn=assign_slice, name=None):
-  """Assigns `new_val` to variable `var`; returns the Assign operation."""
-  var = _as_variable(var)
+  """Assigns `new_val` to variable `var`; returns the Assign operation.
+
+  Args:
+    var: a Variable, its value (what mtf.get_variable returned) or the
+      output of mtf.read_variable of it.
+    new_val: a Tensor of the variable's shape.
+    assign_fn: fn(variable, slice_var, value) -> TF op, applied to every
+      processor's slice (assign_slice, assign_add_slice, ...).
+    name: an optional name.
+  """
+  var = _as_variable(var, name or "assign")
   return Assign([var], [new_val], assign_fn=assign_fn, name=name)
 
 
@@ -235,3 +368,10 @@ def assign_add(var, new_val, name=None):
 def assign_sub(var, new_val, name=None):
   return assign(var, new_val, assign_fn=assign_sub_slice,
                 name=name or "assign_sub")
+
+
+def _group(ops):
+  ops = [op for op in ops if op is not None]
+  if tf.executing_eagerly():
+    return None
+  return tf.group(*ops) if ops else tf.no_op()

@@ -271,3 +271,49 @@ def test_dtype_mismatch_is_type_error():
   i = mtf.zeros(mesh, _shape("a"), dtype=tf.int32)
   with pytest.raises(TypeError, match="int32"):
     mtf.add(x, i)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_original_binary_names(mesh_shape, layout, mode):
+  """binary_op_with_broadcasting, MinMaxOperation and where(if_true=...,
+  if_false=...) under the original's parameter names."""
+  inputs = {"x": (X, AB), "y": (Y, AB), "xb": (XB, ["b"])}
+  # No gradient: binary_op_with_broadcasting.
+  mtf_testing.check_op(
+      lambda mesh, t: {
+          "atan2": mtf.binary_op_with_broadcasting(tf.math.atan2, t["x"],
+                                                   t["xb"]),
+          "gt": mtf.binary_op_with_broadcasting(
+              tf.greater, t["x"], 0.5, output_dtype=tf.bool)},
+      lambda x, y, xb: {"atan2": np.arctan2(x, xb), "gt": x > 0.5},
+      inputs, mesh_shape, layout, mode, grad_wrt=[])
+
+  def build(mesh, t):
+    x, y, xb = t["x"], t["y"], t["xb"]
+    return {
+        "min": mtf.MinMaxOperation(tf.minimum, x, y, x.shape).outputs[0],
+        "max_b": mtf.MinMaxOperation(tf.maximum, x, xb,
+                                     output_shape=x.shape).outputs[0],
+        "where": mtf.where(condition=mtf.greater(x, y), if_true=x,
+                           if_false=xb, output_shape=x.shape),
+    }
+
+  def reference(x, y, xb):
+    return {"min": np.minimum(x, y), "max_b": np.maximum(x, xb),
+            "where": np.where(x > y, x, xb)}
+
+  mtf_testing.check_op(build, reference, inputs, mesh_shape, layout, mode)
+
+
+def test_binary_op_with_broadcasting_has_no_gradient():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.ones(mesh, _shape("a"))
+  y = mtf.binary_op_with_broadcasting(tf.math.atan2, x, x)
+  assert not y.operation.has_gradient
+  assert mtf.gradients([y], [x]) == [None]
+  assert y.operation.gradient(unused_grad_ys=[x]) == [None, None]
+  with pytest.raises(mtf.DTypeError, match="same dtype"):
+    mtf.BinaryOpWithBroadcasting(
+        tf.add, x, mtf.cast(x, tf.int32), x.shape, tf.float32)
+  op = mtf.AddOperation(x, x, x.shape, "my_add")
+  assert op.name.startswith("my_add") and op.has_gradient

@@ -181,6 +181,47 @@ def test_conv2d_backprop_ops_and_their_gradients(mesh_shape, layout, mode):
          mesh_shape, layout, mode)
 
 
+@pytest.mark.parametrize("mesh_shape,layout,mode", [
+    pytest.param("all:1", "", "eager", id="1proc-eager"),
+    pytest.param("rows:2;cols:4", "batch:rows;cin:cols", "graph",
+                 id="2d-graph"),
+    pytest.param("rows:2;cols:4", "cout:rows;batch:cols", "function",
+                 id="2d_cout-function"),
+])
+def test_conv2d_transpose_backprop_ops(mesh_shape, layout, mode):
+  """The original's (conv_dimension, is_transpose, ...) operations for the
+  gradients of a transposed convolution, and their own gradients."""
+  def build(mesh, t):
+    del mesh
+    x, f, dy = t["x"], t["f"], t["dy"]
+    return {
+        "dx": mtf.conv2d_transpose_backprop_input(x.shape, f, dy, (2, 1),
+                                                  "SAME"),
+        "dx_op": mtf.Conv2or3dBackpropInputOperation(
+            conv_dimension=2, is_transpose=True, input_shape=x.shape,
+            conv_filter=f, dy=dy, strides=(2, 1), padding="SAME",
+            name="dx_op").outputs[0],
+        "df": mtf.Conv2or3dBackpropFilterOperation(
+            2, True, x, f.shape, dy, (2, 1), "SAME").outputs[0],
+        "df_fn": mtf.conv2d_transpose_backprop_filter(x, f.shape, dy, (2, 1),
+                                                      "SAME"),
+    }
+
+  def tf_fn(x, f, dy):
+    # The gradients of tf.nn.conv2d_transpose(x, f) for output gradient dy.
+    with tf.GradientTape() as tape:
+      tape.watch([x, f])
+      y = tf.nn.conv2d_transpose(x, f, [8, 10, 4, 8], [1, 2, 1, 1], "SAME")
+    dx, df = tape.gradient(y, [x, f], output_gradients=dy)
+    return {"dx": dx, "dx_op": dx, "df": df, "df_fn": df}
+
+  _check(build, tf_fn, {"x": (_u((8, 5, 4, 8), 18), X_DIMS),
+                        "f": (_u((3, 2, 8, 8), 19), TRANSPOSE_F_DIMS),
+                        "dy": (_u((8, 10, 4, 8), 20),
+                               ["batch", "h", "w", "cout"])},
+         mesh_shape, layout, mode)
+
+
 def _from_blocks(x, nblock):
   """[b, blocks..., sizes..., c] -> [b, whole spatial..., c]."""
   b, c = x.shape[0], x.shape[-1]

@@ -211,3 +211,14 @@ def test_add_n_of_partial_sums_stays_lazy(mode):
   np.testing.assert_allclose(y, sum(x @ w for x in xs), rtol=1e-5, atol=1e-5)
   counters = dict(lowerings[-1].counters)
   assert counters.get("comm/allreduce/all/calls") == 1, counters
+
+
+def test_stop_gradient_is_a_stop_gradient_operation():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.ones(mesh, "a:8")
+  y = mtf.stop_gradient(x)
+  assert isinstance(y.operation, mtf.StopGradient)
+  assert not y.operation.has_gradient
+  z = mtf.StopGradient(x, name="stopped").outputs[0]
+  assert z.operation.name.startswith("stopped") and z.shape == x.shape
+  assert mtf.gradients([mtf.reduce_sum(z * z)], [x]) == [None]

@@ -146,3 +146,20 @@ def test_gather_errors():
     mtf.gather(w, i, mtf.Dimension("q", 16))
   with pytest.raises(mtf.ShapeError, match="output_shape"):
     mtf.gather(w, i, mtf.Dimension("v", 16), output_shape="i:8,z:8")
+
+
+@pytest.mark.parametrize("indices_shape", ["i:8", "i:8,h:8"])
+def test_gather_refuses_float_indices_at_construction(indices_shape):
+  """Was a raw TF InvalidArgumentError at lowering (or a one_hot error when
+  indices share a dimension with the weights)."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w = mtf.zeros(mesh, "v:16,h:8")
+  i = mtf.zeros(mesh, indices_shape)
+  with pytest.raises(mtf.DTypeError, match="gather.*float32") as info:
+    mtf.gather(w, i, mtf.Dimension("v", 16))
+  assert isinstance(info.value, TypeError)
+  assert isinstance(info.value, ValueError)
+  with pytest.raises(mtf.DTypeError, match="GatherOperation.*float32"):
+    mtf.GatherOperation(w, i, mtf.Dimension("v", 16), mtf.Shape(
+        i.shape.dims + [d for d in w.shape.dims[1:] if d not in i.shape]))

@@ -202,3 +202,53 @@ def test_lazy_sum_of_contraction(mode):
   assert counters.get("comm/allreduce/all/calls") == 1, counters
   # The scalar, not the [a, c] matrix, crosses the mesh.
   assert counters["comm/allreduce/all/bytes"] == 4 * 8, counters
+
+
+XI = np.random.RandomState(4).randint(-50, 50, size=(8, 16, 8)).astype(
+    np.int32)
+
+
+def _np_int_mean(x, axis):
+  """tf.reduce_mean of integers: the integer sum divided by the count,
+  truncated towards zero (C++ integer division)."""
+  total = np.sum(x.astype(np.int64), axis=axis)
+  count = np.prod([x.shape[a] for a in np.atleast_1d(axis)])
+  return (np.sign(total) * (np.abs(total) // count)).astype(x.dtype)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_reduce_mean_of_integers_follows_tf(mesh_shape, layout, mode):
+  assert int(tf.reduce_mean(tf.constant([-3, 0]))) == -1  # TF's meaning
+  a, b, c = _dims("abc")
+  mtf_testing.check_op(
+      lambda mesh, t: {"b": mtf.reduce_mean(t["x"], reduced_dim=b),
+                       "ac": mtf.reduce_mean(t["x"], output_shape=[b]),
+                       "all": mtf.reduce_mean(t["x"])},
+      lambda x: {"b": _np_int_mean(x, 1), "ac": _np_int_mean(x, (0, 2)),
+                 "all": _np_int_mean(x, (0, 1, 2))},
+      {"x": (XI, ABC)}, mesh_shape, layout, mode)
+
+
+def test_reduce_mean_refuses_bool_naming_op_and_dtype():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  p = mtf.cast(mtf.zeros(mesh, _dims("ab")), tf.bool)
+  with pytest.raises(TypeError, match="reduce_mean.*bool"):
+    mtf.reduce_mean(p, reduced_dim=_dims("a")[0])
+
+
+@pytest.mark.parametrize("fn", [mtf.reduce_sum, mtf.reduce_mean,
+                                mtf.reduce_max, mtf.reduce_min,
+                                mtf.reduce_all, mtf.reduce_any])
+def test_reductions_refuse_positional_arguments_beyond_x(fn):
+  """As in the original: reduce_sum(x, shape) is a mistake (is the shape
+  the output or the reduced one?), so only x may be positional."""
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.zeros(mesh, _dims("ab"))
+  if fn in (mtf.reduce_all, mtf.reduce_any):
+    x = mtf.cast(x, tf.bool)
+  with pytest.raises(ValueError, match=f"{fn.__name__}.*keyword"):
+    fn(x, mtf.Shape(_dims("a")))
+  y = fn(x, output_shape=mtf.Shape(_dims("a")))
+  assert y.shape == mtf.Shape(_dims("a"))
+  assert fn(x, disable_positional_args=None, reduced_dim=_dims("a")[0],
+            name="r").shape == mtf.Shape(_dims("b"))

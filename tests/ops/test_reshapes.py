@@ -269,3 +269,12 @@ def test_broadcast_missing_dimension_raises():
   x = mtf.zeros(mesh, "a:8,b:16")
   with pytest.raises(mtf.ShapeError, match="missing"):
     mtf.broadcast(x, "a:8,c:16")
+
+
+def test_broadcast_operation_takes_the_originals_parameters():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.zeros(mesh, "a:4")
+  y = mtf.BroadcastOperation(x, output_shape="b:2,a:4",
+                             name="bcast").outputs[0]
+  assert y.shape == mtf.convert_to_shape("b:2,a:4")
+  assert y.operation.name.startswith("bcast")

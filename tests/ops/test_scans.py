@@ -44,7 +44,7 @@ def test_pool_and_stride(mesh_shape, layout, mode):
     return {"mean2": mtf.pool_tensor_1d(x, x.shape[1]),
             "max4": mtf.pool_tensor_1d(x, "d", mtf.reduce_max, pool_size=4),
             "stride2": mtf.stride_tensor_1d(x, "d"),
-            "stride4": mtf.stride_tensor_1d(x, "d", stride=4)}
+            "stride4": mtf.stride_tensor_1d(x, "d", pool_size=4)}
 
   def np_fn(x):
     windows2 = x.reshape(8, 16, 2, 2)
@@ -122,7 +122,7 @@ def test_cumsum_of_split_dimension_communicates_block_totals_only():
     (lambda x: mtf.cumsum(x, "q"), "not a dimension"),
     (lambda x: mtf.cumsum(x, mtf.Dimension("d", 8)), "has size 8"),
     (lambda x: mtf.pool_tensor_1d(x, "d", pool_size=3), "not divisible"),
-    (lambda x: mtf.stride_tensor_1d(x, "d", stride=0), "not divisible"),
+    (lambda x: mtf.stride_tensor_1d(x, "d", pool_size=0), "not divisible"),
     (lambda x: mtf.reduce_first(x, "q"), "not a dimension"),
 ])
 def test_shape_errors(build, match):

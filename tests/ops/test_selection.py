@@ -70,9 +70,10 @@ def test_top_k(mesh_shape, layout, mode):
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
 def test_top_1_and_argmax(mesh_shape, layout, mode):
-  """top_1 returns (indices, values); argmax with int64, on int inputs."""
+  """top_1 returns (values, indices) as in the original; argmax with int64,
+  on int inputs."""
   def build(mesh, t):
-    indices, values = mtf.top_1(t["x"], _dim("b"))
+    values, indices = mtf.top_1(t["x"], _dim("b"))
     return {
         "top_1_indices": indices,
         "top_1_values": values,
@@ -163,9 +164,13 @@ def test_output_shapes():
   assert values.shape == mtf.Shape([_dim("a"), _dim("c"), k_dim])
   assert indices.shape == values.shape
   assert values.dtype == tf.float32 and indices.dtype == tf.int32
-  indices, values = mtf.top_1(x, _dim("a"))
+  values, indices = mtf.top_1(x, _dim("a"))
   assert indices.shape == values.shape == mtf.Shape([_dim("b"), _dim("c")])
-  assert indices.dtype == tf.int32
+  assert values.dtype == tf.float32 and indices.dtype == tf.int32
+  # The original's parameter order: (x, reduced_dim, name).
+  values, indices = mtf.top_1(x, _dim("a"), "my_top_1")
+  assert values.operation.name.startswith("my_top_1")
+  assert mtf.argmax(x, _dim("a"), "my_argmax").dtype == tf.int32
   assert mtf.nth_smallest_element(x, 1, _dim("c")).shape == mtf.Shape(
       [_dim("a"), _dim("b")])
   assert "top_k" in selection.__all__

@@ -75,3 +75,35 @@ def test_cwise_requires_equal_shapes():
   mesh = mtf.Mesh(graph, "mesh")
   with pytest.raises(mtf.ShapeError, match="same shape"):
     mtf.cwise(tf.add, [mtf.zeros(mesh, "a:2"), mtf.zeros(mesh, "b:2")])
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode",
+                         mtf_testing.layout_mode_params(["a"]))
+def test_slicewise_operation_with_the_originals_lists(mesh_shape, layout,
+                                                      mode):
+  """SlicewiseOperation(tf_fn, inputs, output_shapes, output_dtypes, ...):
+  outputs of different shapes and dtypes; grad_function=0 means none."""
+  def build(mesh, t):
+    x = t["x"]
+    a = x.shape.get_dim_by_name("a")
+    op = mtf.SlicewiseOperation(
+        lambda v: (tf.reduce_max(v, axis=1),
+                   tf.cast(tf.argmax(v, axis=1), tf.int32)),
+        inputs=[x], output_shapes=[mtf.Shape([a]), mtf.Shape([a])],
+        output_dtypes=[tf.float32, tf.int32], splittable_dims=[a],
+        grad_function=0, name="max_argmax")
+    assert not op.has_gradient and op.name.startswith("max_argmax")
+    return {"max": op.outputs[0], "argmax": op.outputs[1]}
+
+  mtf_testing.check_op(
+      build,
+      lambda x: {"max": x.max(1), "argmax": x.argmax(1).astype(np.int32)},
+      {"x": (_x(), ["a", "c"])}, mesh_shape, layout, mode, grad_wrt=[])
+
+
+def test_slicewise_operation_needs_matching_lists():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.zeros(mesh, "a:8")
+  with pytest.raises(mtf.ShapeError, match="one output shape per"):
+    mtf.SlicewiseOperation(tf.identity, [x], [x.shape], [tf.float32,
+                                                         tf.float32], [])

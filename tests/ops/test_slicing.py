@@ -113,3 +113,12 @@ def test_concat_dtype_mismatch_raises():
   with pytest.raises(TypeError, match="dtype"):
     mtf.concat([mtf.zeros(mesh, "a:8,b:8"),
                 mtf.zeros(mesh, "a:8,b:4", dtype=tf.int32)], "b")
+
+
+def test_pad_operation_takes_the_originals_parameters():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.zeros(mesh, "a:4,b:2")
+  y = mtf.PadOperation(x, paddings=[1, 2], pad_dim_name="a",
+                       name="padded").outputs[0]
+  assert y.shape == mtf.convert_to_shape("a:7,b:2")
+  assert y.operation.name.startswith("padded")

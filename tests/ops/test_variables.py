@@ -201,8 +201,8 @@ def test_assign_then_read(mesh_shape, layout, mode):
             {"doubled": mtf.read_variable(w)},
             {"assign_add": mtf.assign_add(var, c1)},
             {"added": mtf.read_variable(var)},
-            # Through a chain of unary ops down to the variable.
-            {"assign_sub": mtf.assign_sub(mtf.identity(w), c2)},
+            # Through a read of the variable.
+            {"assign_sub": mtf.assign_sub(mtf.read_variable(w), c2)},
             {"subtracted": mtf.read_variable(w)}]
 
   got, _ = _run(mode, _impl(mesh_shape, layout, mode), build)
@@ -224,6 +224,196 @@ def test_assign_errors():
     mtf.assign(w + w, mtf.zeros(mesh, SHAPE))
   with pytest.raises(TypeError):
     mtf.assign("w", mtf.zeros(mesh, SHAPE))
+
+
+@pytest.mark.parametrize("make_target", [
+    lambda w: mtf.negative(w), lambda w: mtf.identity(w),
+    lambda w: mtf.cast(mtf.cast(w, tf.bfloat16), tf.float32),
+    lambda w: w * 2.0])
+def test_assign_to_the_output_of_another_op_is_an_error(make_target):
+  """mtf.assign(mtf.negative(v), x) used to write x to v (the target was
+  found by walking back through one-input ops)."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w = mtf.get_variable(mesh, "w", SHAPE)
+  target = make_target(w)
+  for fn in (mtf.assign, mtf.assign_add, mtf.assign_sub):
+    with pytest.raises(ValueError, match=(
+        f"{target.operation.name!r}, not the value of a variable")):
+      fn(target, mtf.zeros(mesh, SHAPE))
+  # The variable itself, its value and a read of it are fine.
+  for target in (w.operation, w, mtf.read_variable(w)):
+    assert mtf.assign(target, mtf.zeros(mesh, SHAPE)).variables == [
+        w.operation]
+
+
+def _double_slice(variable, slice_var, val):
+  """A user assign_fn with the original's (variable, slice_var, val)."""
+  return slice_var.assign(tf.cast(val, variable.slice_dtype) * 2,
+                          read_value=False)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_custom_assign_fn_and_slice_functions(mesh_shape, layout, mode):
+  """assign_fn(variable, slice_var, val) as in the original, on a combined
+  Assign of two same-shaped variables (which autostack stores stacked) and
+  one of another dtype."""
+  def build(mesh):
+    u = mtf.get_variable(mesh, "u", SHAPE, initializer=W)
+    v = mtf.get_variable(mesh, "v", SHAPE, initializer=C1)
+    s = mtf.get_variable(mesh, "s", SHAPE, initializer=C2,
+                         dtype=mtf.VariableDType(tf.float32, tf.bfloat16,
+                                                 tf.float32))
+    one = mtf.ones(mesh, SHAPE)
+    # Operations are made in the order they run (eager and tf.function run
+    # them in graph order).
+    phases = [{"double": mtf.Assign([u.operation, v.operation, s.operation],
+                                     [one, one * 3.0, one],
+                                     assign_fn=_double_slice)}]
+    phases.append({"u": mtf.read_variable(u), "v": mtf.read_variable(v),
+                   "s": mtf.read_variable(s)})
+    phases.append({"add": mtf.Assign([u.operation, v.operation], [one, one],
+                                     assign_fn=mtf.assign_add_slice)})
+    phases.append({"u2": mtf.read_variable(u), "v2": mtf.read_variable(v)})
+    return phases
+
+  got, _ = _run(mode, _impl(mesh_shape, layout, mode), build)
+  values = {k: v for phase in got for k, v in phase.items()}
+  np.testing.assert_array_equal(values["u"], np.full([8, 16], 2.0))
+  np.testing.assert_array_equal(values["v"], np.full([8, 16], 6.0))
+  np.testing.assert_array_equal(values["s"], np.full([8, 16], 2.0))
+  np.testing.assert_array_equal(values["u2"], np.full([8, 16], 3.0))
+  np.testing.assert_array_equal(values["v2"], np.full([8, 16], 7.0))
+
+
+def test_slice_functions_take_the_originals_arguments():
+  slice_var = tf.Variable(tf.zeros([2], tf.bfloat16))
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  var = mtf.get_variable(mesh, "w", "a:2", dtype=mtf.VariableDType(
+      tf.float32, tf.bfloat16, tf.float32)).operation
+  mtf.assign_slice(var, slice_var, tf.constant([1.5, 2.0]))
+  mtf.assign_add_slice(variable=var, slice_var=slice_var,
+                       val=tf.constant([1.0, 1.0]))
+  mtf.assign_sub_slice(var, slice_var, tf.constant([0.5, 0.0]))
+  assert slice_var.dtype == tf.bfloat16
+  np.testing.assert_array_equal(slice_var.numpy().astype(np.float32),
+                                [2.0, 3.0])
+
+
+# --------------------------------------------------------------- masters
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", [
+    p for p in PARAMS if p.values[2] != "simd"])
+def test_master_get_assign_and_device(mesh_shape, layout, mode):
+  """Variable.get_master / assign_to_master / master_device: the master
+  variable in compat graph mode, the assembled slices otherwise."""
+  impl = _impl(mesh_shape, layout, mode)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w = mtf.get_variable(mesh, "w", SHAPE, initializer=W,
+                       dtype=mtf.VariableDType(tf.float32, tf.bfloat16,
+                                               tf.float32))
+  var = w.operation
+  with pytest.raises(ValueError, match="'w'.*Lowering"):
+    var.get_master()
+  bf16 = tf.bfloat16.as_numpy_dtype
+  w16 = W.astype(bf16).astype(np.float32)
+
+  def lower():
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return lowering, lowering.export_to_tf_tensor(w)
+
+  if mode == "graph":
+    with tf.Graph().as_default():
+      lowering, value = lower()
+      master = var.get_master()
+      assert isinstance(master, tf.Variable) and master.dtype == tf.float32
+      assert var.master_device == master.device
+      assign = var.assign_to_master(tf.constant(C1))
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        np.testing.assert_array_equal(sess.run(master), W)
+        sess.run(assign)
+        sess.run(lowering.copy_masters_to_slices())
+        np.testing.assert_array_equal(sess.run(value),
+                                      C1.astype(bf16).astype(np.float32))
+    return
+  if mode == "eager":
+    lower()
+    get, assign = var.get_master, var.assign_to_master
+  else:
+    tf.function(lambda: lower()[1])()
+    get = tf.function(var.get_master)
+
+    @tf.function
+    def assign(value):
+      var.assign_to_master(value)
+  assert var.master_device == "/cpu:0"
+  master = get()
+  assert master.dtype == tf.float32 and master.device.endswith("CPU:0")
+  np.testing.assert_array_equal(master.numpy(), w16)
+  assign(tf.constant(C1))
+  np.testing.assert_array_equal(get().numpy(),
+                                C1.astype(bf16).astype(np.float32))
+
+
+# --------------------------------------------------------- stacked variables
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_stacked_variable(mesh_shape, layout, mode):
+  """A StackedVariable reads and writes its members, which keep their own
+  names (and checkpoint entries)."""
+  created = {}
+
+  def build(mesh):
+    u = mtf.get_variable(mesh, "u", SHAPE, initializer=W)
+    v = mtf.get_variable(mesh, "v", SHAPE, initializer=C1)
+    stacked = mtf.StackedVariable([u.operation, v.operation])
+    created["stacked"] = stacked
+    rows = mtf.unstack(stacked.outputs[0], stacked.shape.dims[0])
+    update = mtf.assign_add(stacked, mtf.ones(mesh, stacked.shape))
+    return [{"stacked": stacked.outputs[0], "row1": rows[1]},
+            {"update": update},
+            {"u": mtf.read_variable(u), "v": mtf.read_variable(v),
+             "again": mtf.read_variable(stacked)}]
+
+  got, _ = _run(mode, _impl(mesh_shape, layout, mode), build)
+  values = {k: v for phase in got for k, v in phase.items()}
+  np.testing.assert_array_equal(values["stacked"], np.stack([W, C1]))
+  np.testing.assert_array_equal(values["row1"], C1)
+  np.testing.assert_allclose(values["u"], W + 1, rtol=1e-6)
+  np.testing.assert_allclose(values["v"], C1 + 1, rtol=1e-6)
+  np.testing.assert_allclose(values["again"], np.stack([W, C1]) + 1,
+                             rtol=1e-6)
+  stacked = created["stacked"]
+  assert stacked.name == "stacked/u"
+  assert stacked.original_names == ["u", "v"]
+  assert stacked.shape.dims[0] == mtf.Dimension("stacked", 2)
+
+
+def test_stacked_variable_masters_and_errors():
+  impl = _impl("all:2", "a:all")
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  u = mtf.get_variable(mesh, "u", SHAPE, initializer=W).operation
+  v = mtf.get_variable(mesh, "v", SHAPE, initializer=C1).operation
+  stacked = mtf.StackedVariable([u, v])
+  with pytest.raises(mtf.ShapeError, match="'w'"):
+    mtf.StackedVariable([u, mtf.get_variable(mesh, "w", "a:8").operation])
+  mtf.Lowering(graph, {mesh: impl})
+  np.testing.assert_array_equal(stacked.get_master().numpy(),
+                                np.stack([W, C1]))
+  stacked.assign_to_master(tf.constant(np.stack([C1, W])))
+  np.testing.assert_array_equal(u.get_master().numpy(), C1)
+  np.testing.assert_array_equal(v.get_master().numpy(), W)
+  assert stacked.master_device == u.master_device
+  bad = mtf.Graph()
+  bad_mesh = mtf.Mesh(bad, "mesh")
+  s = mtf.StackedVariable([mtf.get_variable(bad_mesh, "x", SHAPE).operation])
+  with pytest.raises(mtf.LayoutError, match="'stacked'"):
+    mtf.Lowering(bad, {bad_mesh: _impl("all:2", "stacked:all")})
+  del s
 
 
 # ----------------------------------------------------------------- dtypes
@@ -369,3 +559,11 @@ def test_training_is_layout_independent(mesh_shape, layout, mode):
   if mode != "graph":
     # Variables were created once, on the first step, and persisted.
     assert sorted(impl.variable_store.eager_entries()) == ["w1", "w2"]
+
+
+def test_read_variable_operation_takes_var_and_name():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  w = mtf.get_variable(mesh, "w", SHAPE)
+  read = mtf.ReadVariable(w.operation, "my_read")
+  assert read.name.startswith("my_read") and read.variable is w.operation
+  assert read.outputs[0].shape == w.shape
