@@ -7,29 +7,33 @@ wrapped in `mtf.recompute_grad` (only block inputs are kept; a block's
 activations are recomputed when its gradient is taken). "unordered" is
 recompute_grad(control_dependencies=False), to show what the orderings buy.
 
-Figures, per variant:
-- `counted_mb`: the deterministic figure. Bytes of the tensors alive at
-  the peak of the lowered step's TensorFlow graph, executed in two orders
-  that respect every data and control dependency: each op as soon as its
-  inputs exist ("asap", as a parallel executor may) and as late as its
-  consumers allow ("alap", as TF's executor left variable gradients until
-  the end on one thread). The larger of the two is reported, for the
-  graph of each mode (tf.function, tf.compat.v1 graph, the SIMD program of
-  one processor). Outputs that alias their input (Identity, Reshape,
-  variable reads), constants and the step's arguments count nothing.
-- `allocator_mb`: TF's own count: the peak of the CPU allocator's bytes in
-  use while the step runs once (BFC allocator, one inter-op thread), in a
-  fresh process per variant. Close to counted, not bit-exact.
-- `rss_mb`: the growth of the process's peak resident memory during the
-  step (fresh process per variant): noisy at these sizes, shown for
-  comparison only.
-- `tf_*`: plain TensorFlow (GradientTape, with and without
-  tf.recompute_grad) measured like `allocator_mb`.
+Figures:
+- `counted_mb` (deterministic): per mode (the graph of the tf.function,
+  of tf.compat.v1 graph mode, and the SIMD program of one processor) and
+  variant, the bytes of the tensors alive at the peak of the lowered step's
+  TensorFlow graph, run in two orders that respect every data and control
+  dependency: each op as soon as its inputs exist ("asap", as a parallel
+  executor may) and as late as its consumers allow ("alap", as TF's
+  executor on one thread left variable gradients to the end). Ops a run
+  would prune are left out; outputs that alias their input (Identity,
+  Reshape, variable reads), constants and the step's arguments count
+  nothing. `counted_ratio`: recompute over plain, the worse order of each.
+- `allocator_ratio`: the same ratio from TF's own count, the peak of the
+  CPU allocator's bytes in use while the step runs once (BFC allocator, one
+  inter-op thread; a fresh process per case). Close to counted, not
+  bit-exact. `tf_allocator_ratio`: plain TensorFlow (GradientTape, with and
+  without tf.recompute_grad) measured the same way.
+- `rss_ratio`, `tf_rss_ratio`: the growth of peak resident memory during
+  the step, TF's defaults, a fresh process per case. It does not show the
+  saving, not even for tf.recompute_grad: freed buffers stay with the
+  process's allocator, which several executor threads share.
+- `measured_mb`: the figures behind the measured ratios.
 
 Prints one JSON line. `--counted_only` prints only the counted figures
 (tests/test_recompute_memory.py uses it).
 
   python benchmarks/recompute_memory.py [--layers 8 --batch 1024 --width 256]
+      [--mesh all:2 --layout batch:all]
 """
 
 import argparse
@@ -217,7 +221,6 @@ def peak_live_bytes(tf_graph, outputs, control_outputs=()):
 
 def counted(args, variant, mode):
   """The counted peaks of one variant's step in one mode, in MB."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   mtf = _mtf()
   spec = tf.TensorSpec([args.batch, args.width], tf.float32)
@@ -240,7 +243,6 @@ def counted(args, variant, mode):
                             concrete.graph.control_outputs)
   else:
     raise ValueError(f"Unknown mode {mode!r}.")
-  del np
   return {k: v / 2**20 for k, v in peaks.items()}
 
 

@@ -98,10 +98,10 @@ def _unreduced(value):
 def depend(x, dependencies, name=None):
   """x, passed on only after `dependencies` (mtf Operations or Tensors).
 
-  In graphs this adds control dependencies to the copy of x; eagerly and in
-  tf.function everything already runs in program order. Work that produced
-  x earlier is not delayed: to read a variable after an assignment, use
-  `mtf.read_variable(var, dependencies=[assign_op])`.
+  Inside tf.function and in graph mode this adds control dependencies to
+  a copy of x (eagerly, everything runs in program order). Work that
+  produced x earlier is not delayed: to read a variable after an
+  assignment, use `mtf.read_variable(var, dependencies=[assign_op])`.
   """
   return Depend(x, list(dependencies), name=name).outputs[0]
 
@@ -242,6 +242,9 @@ def recompute_grad(fn, explicit_inputs, control_dependencies=True):
     the block's recomputed activations and their gradients are released
     before an earlier block is recomputed (otherwise, e.g., a variable's
     gradient may be left until the end, holding what it reads).
+  The saving is in compiled programs (tf.function, graph mode, SIMD):
+  eagerly, the Lowering keeps every value it lowered, for export.
+  benchmarks/recompute_memory.py measures it.
 
   Args:
     fn: function of mtf Tensors returning a Tensor or a list of Tensors.
