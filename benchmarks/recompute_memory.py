@@ -1,52 +1,88 @@
 """Benchmark: peak memory of a training step with and without recompute_grad.
 
-A stack of `layers` blocks y = tanh(x @ w) on x[batch, width] is trained for
-one SGD step on a one-processor mesh, once differentiating normally (every
-activation is kept for the backward pass) and once with each block wrapped in
-`mtf.recompute_grad` (activations are recomputed in the backward pass). Each
-variant runs in a fresh process; its peak resident memory above the level
-after start-up is the figure. Prints one JSON line.
+A stack of `layers` blocks y = tanh(1.5 * tanh(x @ w)) on x[batch, width] is
+trained for one SGD step, once differentiating normally (each block keeps
+its input and an activation for the backward pass) and once with each block
+wrapped in `mtf.recompute_grad` (only block inputs are kept; a block's
+activations are recomputed when its gradient is taken). "unordered" is
+recompute_grad(control_dependencies=False), to show what the orderings buy.
 
-  python benchmarks/recompute_memory.py [--layers 12 --batch 2048 --width 1024]
+Figures:
+- `counted_mb` (deterministic): per mode (the graph of the tf.function,
+  of tf.compat.v1 graph mode, and the SIMD program of one processor) and
+  variant, the bytes of the tensors alive at the peak of the lowered step's
+  TensorFlow graph, run in two orders that respect every data and control
+  dependency: each op as soon as its inputs exist ("asap", as a parallel
+  executor may) and as late as its consumers allow ("alap", as TF's
+  executor on one thread left variable gradients to the end). Ops a run
+  would prune are left out; outputs that alias their input (Identity,
+  Reshape, variable reads), constants and the step's arguments count
+  nothing. `counted_ratio`: recompute over plain, the worse order of each.
+- `allocator_ratio`: the same ratio from TF's own count, the peak of the
+  CPU allocator's bytes in use while the step runs once (BFC allocator, one
+  inter-op thread; a fresh process per case). Close to counted, not
+  bit-exact. `tf_allocator_ratio`: plain TensorFlow (GradientTape, with and
+  without tf.recompute_grad) measured the same way.
+- `rss_ratio`, `tf_rss_ratio`: the growth of peak resident memory during
+  the step, TF's defaults, a fresh process per case. It does not show the
+  saving, not even for tf.recompute_grad: freed buffers stay with the
+  process's allocator, which several executor threads share.
+- `measured_mb`: the figures behind the measured ratios.
+
+Prints one JSON line. `--counted_only` prints only the counted figures
+(tests/test_recompute_memory.py uses it).
+
+  python benchmarks/recompute_memory.py [--layers 8 --batch 1024 --width 256]
+      [--mesh all:2 --layout batch:all]
 """
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
+
+VARIANTS = ("plain", "recompute", "unordered")
+COUNTED_MODES = ("function", "graph", "simd")
+# Ops whose output is (or may be) the buffer of their first input.
+_ALIASING = frozenset([
+    "Identity", "IdentityN", "Reshape", "ExpandDims", "Squeeze",
+    "StopGradient", "PreventGradient", "Snapshot", "EnsureShape",
+    "ReadVariableOp"])
+# Ops whose outputs are not the step's to allocate (arguments, constants,
+# handles).
+_NOT_ALLOCATED = frozenset([
+    "Placeholder", "_Arg", "Const", "VarHandleOp", "HostConst"])
 
 
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--layers", type=int, default=12)
-  p.add_argument("--batch", type=int, default=2048)
-  p.add_argument("--width", type=int, default=1024)
-  p.add_argument("--child", choices=["plain", "recompute"], default=None,
-                 help=argparse.SUPPRESS)
+  p.add_argument("--layers", type=int, default=8)
+  p.add_argument("--batch", type=int, default=1024)
+  p.add_argument("--width", type=int, default=256)
+  p.add_argument("--mesh", default="all:1",
+                 help="mesh shape for the counted figures, e.g. all:2")
+  p.add_argument("--layout", default="",
+                 help="layout rules for the counted figures, e.g. batch:all")
+  p.add_argument("--counted_only", action="store_true")
+  p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
 
-def _peak_mb():
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def run_child(args):
-  """Builds and runs one step; prints peak memory growth in MB."""
-  import os  # pylint: disable=g-import-not-at-top
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+def _mtf():
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  return mtf
 
+
+def build_step(args, variant, impl):
+  """fn(x) building and lowering one training step onto `impl`; returns
+  the loss (a tf.Tensor) with the variable updates as its dependencies."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  mtf = _mtf()
   batch = mtf.Dimension("batch", args.batch)
   width = mtf.Dimension("width", args.width)
   hidden = mtf.Dimension("hidden", args.width)
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "")
-  x_value = np.random.RandomState(0).randn(args.batch, args.width).astype(
-      np.float32)
 
-  @tf.function
   def step(x):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
@@ -61,32 +97,253 @@ def run_child(args):
         u = mtf.tanh(u * 1.5)
         return mtf.rename_dimension(u, "hidden", "width")
 
-      h = mtf.recompute_grad(block, [h]) if args.child == "recompute" else (
-          block(h))
+      if variant == "plain":
+        h = block(h)
+      else:
+        h = mtf.recompute_grad(block, [h],
+                               control_dependencies=variant == "recompute")
     loss = mtf.reduce_mean(mtf.square(h))
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     updates = [mtf.assign_sub(v, g * 0.1) for v, g in zip(variables, grads)]
     lowering = mtf.Lowering(graph, {mesh: impl})
-    for u in updates:
-      lowering.lowered_operation(u)
-    return lowering.export_to_tf_tensor(loss)
+    ops = [lowering.lowered_operation(u) for u in updates]
+    loss = lowering.export_to_tf_tensor(loss)
+    if tf.executing_eagerly():
+      return loss
+    with tf.control_dependencies([op for op in ops if op is not None]):
+      return tf.identity(loss)
 
+  return step
+
+
+def _topological(ops, predecessors):
+  """`ops` in a topological order (control inputs may be added to an op
+  after it is made, so creation order is not always one)."""
+  successors = {op: [] for op in ops}
+  waiting = {}
+  for op in ops:
+    waiting[op] = len(predecessors[op])
+    for p in predecessors[op]:
+      successors[p].append(op)
+  order = [op for op in ops if not waiting[op]]
+  for op in order:  # Grows while iterating.
+    for s in successors[op]:
+      waiting[s] -= 1
+      if not waiting[s]:
+        order.append(s)
+  if len(order) != len(ops):
+    raise ValueError("The graph has a cycle (a loop?).")
+  return order, successors
+
+
+def _schedule_levels(ops, predecessors):
+  """(asap, alap) level of each op: longest path from a source, and from
+  the end counted backwards."""
+  order, successors = _topological(ops, predecessors)
+  depth = {}
+  for op in order:
+    depth[op] = 1 + max((depth[p] for p in predecessors[op]), default=-1)
+  height = {}
+  for op in reversed(order):
+    height[op] = 1 + max((height[s] for s in successors[op]), default=-1)
+  top = max(height.values(), default=0)
+  return depth, {op: top - height[op] for op in ops}
+
+
+def _needed(tf_graph, outputs, control_outputs):
+  """The ops a run of `outputs` executes (TF prunes the others), in
+  creation order."""
+  needed = set()
+  stack = [t.op for t in outputs] + list(control_outputs)
+  while stack:
+    op = stack.pop()
+    if op.name not in needed:
+      needed.add(op.name)
+      stack.extend(t.op for t in op.inputs)
+      stack.extend(op.control_inputs)
+  return [op for op in tf_graph.get_operations() if op.name in needed]
+
+
+def peak_live_bytes(tf_graph, outputs, control_outputs=()):
+  """{"asap": bytes, "alap": bytes} alive at the peak of each schedule.
+
+  Args:
+    tf_graph: a tf.Graph (or FuncGraph) with no loops.
+    outputs: tf.Tensors that stay alive to the end (the step's results).
+    control_outputs: ops that run too (a FuncGraph's stateful ops).
+  """
+  ops = _needed(tf_graph, outputs, control_outputs)
+  index = {op.name: i for i, op in enumerate(ops)}
+  predecessors = {
+      op.name: sorted({t.op.name for t in op.inputs} |
+                      {c.name for c in op.control_inputs}, key=index.get)
+      for op in ops}
+  buffer_of, size = {}, {}  # By tensor name.
+  for op in ops:
+    for t in op.outputs:
+      if op.type in _ALIASING and op.inputs:
+        buffer_of[t.name] = buffer_of[op.inputs[0].name]
+        continue
+      buffer_of[t.name] = t.name
+      allocated = (op.type not in _NOT_ALLOCATED and
+                   t.dtype.name not in ("resource", "variant"))
+      if allocated and not t.shape.is_fully_defined():
+        raise ValueError(f"{t.name} has no static shape: {t.shape}")
+      size[t.name] = (t.shape.num_elements() * t.dtype.size
+                      if allocated else 0)
+  users = {}
+  for op in ops:
+    for t in op.inputs:
+      users.setdefault(buffer_of[t.name], set()).add(op.name)
+  kept = {buffer_of[t.name] for t in outputs}
+  names = [op.name for op in ops]
+  result = {}
+  for schedule, level in zip(("asap", "alap"),
+                             _schedule_levels(names, predecessors)):
+    pending = {b: set(u) for b, u in users.items()}
+    remaining = dict(size)
+    live = peak = 0
+    for op in sorted(ops, key=lambda o, level=level: (level[o.name],
+                                                       index[o.name])):
+      for t in op.outputs:
+        if buffer_of[t.name] == t.name:
+          live += remaining[t.name]
+      peak = max(peak, live)
+      for b in {buffer_of[t.name] for t in op.inputs}:
+        pending[b].discard(op.name)
+        if not pending[b] and b not in kept:
+          live -= remaining[b]
+          remaining[b] = 0
+    result[schedule] = peak
+  return result
+
+
+def counted(args, variant, mode):
+  """The counted peaks of one variant's step in one mode, in MB."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  mtf = _mtf()
+  spec = tf.TensorSpec([args.batch, args.width], tf.float32)
+  if mode == "graph":
+    with tf.Graph().as_default() as graph:
+      impl = mtf.placement_mesh_impl.PlacementMeshImpl(args.mesh, args.layout)
+      x = tf.compat.v1.placeholder(tf.float32, spec.shape)
+      loss = build_step(args, variant, impl)(x)
+      peaks = peak_live_bytes(graph, [loss])
+  elif mode == "function":
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(args.mesh, args.layout)
+    concrete = tf.function(build_step(args, variant, impl),
+                           autograph=False).get_concrete_function(spec)
+    peaks = peak_live_bytes(concrete.graph, concrete.graph.outputs,
+                            concrete.graph.control_outputs)
+  elif mode == "simd":
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(args.mesh, args.layout)
+    concrete = impl.trace_program(build_step(args, variant, impl), spec)
+    peaks = peak_live_bytes(concrete.graph, concrete.graph.outputs,
+                            concrete.graph.control_outputs)
+  else:
+    raise ValueError(f"Unknown mode {mode!r}.")
+  return {k: v / 2**20 for k, v in peaks.items()}
+
+
+def all_counted(args):
+  """{mode: {variant: {"asap": MB, "alap": MB}}}."""
+  return {mode: {variant: counted(args, variant, mode)
+                 for variant in VARIANTS} for mode in COUNTED_MODES}
+
+
+def _status_mb(field):
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) / 1024.0
+  raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_rss():
+  """Makes VmHWM (peak RSS) start again from the current RSS (Linux)."""
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+
+
+def run_child(args):
+  """Runs one step of one case ("<mtf|tf>_<variant>_<allocator|rss>") and
+  prints the figure in MB and the loss.
+
+  "allocator": TF's BFC allocator for the CPU and one inter-op thread, so
+  that TF counts its bytes in use and runs ops in one order. "rss": TF's
+  defaults, peak resident memory growth during the step.
+  """
+  library, variant, measure = args.child.split("_")
+  if measure == "allocator":
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "1"
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if measure == "allocator":
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+  if library == "mtf":
+    impl = _mtf().placement_mesh_impl.PlacementMeshImpl("all:1", "")
+    step = tf.function(build_step(args, variant, impl), autograph=False)
+  else:
+    step = tf.function(_tf_step(args, variant), autograph=False)
+  x = tf.constant(np.random.RandomState(0).randn(
+      args.batch, args.width).astype(np.float32))
   # Tracing creates the variables; the step has not run yet.
-  step.get_concrete_function(tf.TensorSpec([args.batch, args.width]))
-  before = _peak_mb()
-  loss = float(step(x_value))
-  print(json.dumps({"peak_growth_mb": _peak_mb() - before,
-                    "baseline_mb": before, "loss": loss}))
+  step.get_concrete_function(x)
+  if measure == "allocator":
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    loss = float(step(x))
+    figure = (tf.config.experimental.get_memory_info("CPU:0")["peak"] -
+              base) / 2**20
+  else:
+    _reset_peak_rss()
+    base = _status_mb("VmRSS")
+    loss = float(step(x))
+    figure = _status_mb("VmHWM") - base
+  print(json.dumps({"mb": figure, "loss": loss}))
 
 
-def measure(variant, args):
-  """Runs one variant in a fresh process and returns its JSON result."""
-  command = [sys.executable, __file__, "--child", variant,
+def _tf_step(args, variant):
+  """The same step in plain TensorFlow, optionally with tf.recompute_grad."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  ws = [tf.Variable(tf.keras.initializers.Orthogonal(seed=i)(
+      [args.width, args.width])) for i in range(args.layers)]
+
+  def block_fn(w):
+    return lambda v: tf.tanh(tf.tanh(v @ w) * 1.5)
+
+  blocks = [block_fn(w) for w in ws]
+  if variant == "recompute":
+    blocks = [tf.recompute_grad(b) for b in blocks]
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      h = x
+      for b in blocks:
+        h = b(h)
+      loss = tf.reduce_mean(tf.square(h))
+    grads = tape.gradient(loss, ws)
+    for w, g in zip(ws, grads):
+      w.assign_sub(g * 0.1)
+    return loss
+
+  return step
+
+
+def measure(name, args):
+  """Runs one child process; returns its JSON result."""
+  command = [sys.executable, __file__, "--child", name,
              "--layers", str(args.layers), "--batch", str(args.batch),
              "--width", str(args.width)]
   out = subprocess.run(command, capture_output=True, text=True, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _worst(peaks):
+  return max(peaks.values())
 
 
 def main(argv):
@@ -94,19 +351,45 @@ def main(argv):
   if args.child:
     run_child(args)
     return
-  plain = measure("plain", args)
-  recompute = measure("recompute", args)
-  activation_mb = args.batch * args.width * 4 / 2**20
-  print(json.dumps({
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  figures = all_counted(args)
+  record = {
       "benchmark": "recompute_memory",
       "layers": args.layers, "batch": args.batch, "width": args.width,
-      "activation_mb": activation_mb,
-      "plain_peak_growth_mb": round(plain["peak_growth_mb"], 1),
-      "recompute_peak_growth_mb": round(recompute["peak_growth_mb"], 1),
-      "ratio": round(recompute["peak_growth_mb"] /
-                     max(plain["peak_growth_mb"], 1e-9), 3),
-      "same_loss": abs(plain["loss"] - recompute["loss"]) < 1e-5,
-  }))
+      "mesh": args.mesh, "layout": args.layout,
+      "activation_mb": args.batch * args.width * 4 / 2**20,
+      "counted_ratio": {
+          mode: round(_worst(f["recompute"]) / _worst(f["plain"]), 3)
+          for mode, f in figures.items()},
+      "counted_mb": {
+          mode: {v: {k: round(x, 3) for k, x in p.items()}
+                 for v, p in f.items()} for mode, f in figures.items()},
+  }
+  if args.counted_only:
+    print(json.dumps(record))
+    return
+  runs = {}
+  for measure_name in ("allocator", "rss"):
+    for library in ("mtf", "tf"):
+      for variant in ("plain", "recompute"):
+        name = f"{library}_{variant}_{measure_name}"
+        runs[name] = measure(name, args)
+
+  def ratio(library, measure_name):
+    plain = runs[f"{library}_plain_{measure_name}"]["mb"]
+    recompute = runs[f"{library}_recompute_{measure_name}"]["mb"]
+    return round(recompute / plain, 3) if plain > 0 else None
+
+  record.update({
+      "allocator_ratio": ratio("mtf", "allocator"),
+      "tf_allocator_ratio": ratio("tf", "allocator"),
+      "rss_ratio": ratio("mtf", "rss"),
+      "tf_rss_ratio": ratio("tf", "rss"),
+      "measured_mb": {name: round(r["mb"], 3) for name, r in runs.items()},
+      "same_loss": abs(runs["mtf_plain_allocator"]["loss"] -
+                       runs["mtf_recompute_allocator"]["loss"]) < 1e-5,
+  })
+  print(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -54,19 +54,28 @@ class Lowering:
       self.autostack()
     with self._counting():
       for op in graph.operations:
-        if op.lower_in_name_scope:
-          with tf.name_scope(_scope_name(op.name)):
-            op.lower(self)
-        else:
-          op.lower(self)
-        for t in op.outputs:
-          if t not in self.tensors:
-            continue
-          kind = type(op).__name__
-          self.add_counter(f"compute/{kind}/ops", 1)
-          self.add_counter(f"compute/{kind}/output_elements",
-                           self.laid_out_size(t))
+        self.lower_operation(op)
     self._log(log_file)
+
+  def lower_operation(self, op):
+    """Lowers one operation, in its name scope, counting its outputs.
+
+    Operations that lower other operations themselves (the condition and
+    body of a while loop) call this for each of them, so that an operation
+    is lowered the same way inside a body as outside.
+    """
+    if op.lower_in_name_scope:
+      with tf.name_scope(_scope_name(op.name)):
+        op.lower(self)
+    else:
+      op.lower(self)
+    for t in op.outputs:
+      if t not in self.tensors:
+        continue
+      kind = type(op).__name__
+      self.add_counter(f"compute/{kind}/ops", 1)
+      self.add_counter(f"compute/{kind}/output_elements",
+                       self.laid_out_size(t))
 
   @contextlib.contextmanager
   def _counting(self):
@@ -80,8 +89,13 @@ class Lowering:
         impl.set_counter_fn(fn)
 
   def _check_meshes_and_layouts(self):
-    """Validates every tensor's layout before any TF op is created."""
-    for op in self.graph.operations:
+    """Validates every tensor's layout before any TF op is created.
+
+    Operations internal to another one (a while loop's condition and body,
+    found through its `internal_operations`) are checked exactly like the
+    graph's own, at the place of the operation that holds them.
+    """
+    for op in _with_internal_operations(self.graph.operations):
       if op.mesh not in self.mesh_to_impl:
         raise errors.LayoutError(
             f"Operation {op.name!r} is on mesh {op.mesh.name!r}, which has no "
@@ -270,6 +284,16 @@ def pretty_print_counters(counters):
                    if k.startswith("comm/") and k.endswith("/bytes"))
   lines.append(f"  comm/total_bytes: {comm_bytes}")
   return lines
+
+
+def _with_internal_operations(operations):
+  """`operations` in order, each followed by its internal operations (and
+  theirs, for nested loops)."""
+  for op in operations:
+    yield op
+    internal = getattr(op, "internal_operations", ())
+    if internal:
+      yield from _with_internal_operations(internal)
 
 
 def _scope_name(name):

@@ -29,9 +29,23 @@ __all__ = [
 
 
 class Depend(graph_lib.Operation):
-  """Identity of `x` that runs only after `dependencies` (ops or tensors)."""
+  """Identity of `x` that runs only after `dependencies` (ops or tensors).
 
-  def __init__(self, x, dependencies, required=True, name=None):
+  Args:
+    x: an mtf Tensor.
+    dependencies: mtf Operations (e.g. an Assign) or Tensors.
+    name: optional name.
+    required: whether lowering onto a mesh implementation that cannot order
+      operations (XLA ignores control dependencies) is an error; when False
+      the ordering is dropped there and `x` passes through.
+  """
+
+  def __init__(self, x, dependencies, name=None, required=True):
+    dependencies = list(dependencies)
+    for d in dependencies:
+      if not isinstance(d, (graph_lib.Operation, graph_lib.Tensor)):
+        raise TypeError(f"depend: dependencies must be mtf Operations or "
+                        f"Tensors, got {d!r}.")
     tensors = [d for d in dependencies if isinstance(d, graph_lib.Tensor)]
     super().__init__([x] + tensors, name=name or "depend")
     self._required = required
@@ -44,17 +58,19 @@ class Depend(graph_lib.Operation):
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    x = lowering.laid_out_tensor(self._inputs[0])
+    value = lowering.tensors[self._inputs[0]]
     if not impl.supports_control_dependencies:
       if self._required:
         raise errors.LayoutError(
             f"depend {self.name!r}: {type(impl).__name__} does not support "
             "control dependencies.")
-      lowering.set_tensor_lowering(self._outputs[0], x)
+      lowering.set_tensor_lowering(self._outputs[0], value)
       return
     control = []
     for t in self._inputs[1:]:
-      control.extend(lowering.laid_out_tensor(t).tensor_list)
+      # Waiting for the partial sums orders as well as waiting for their
+      # allreduce, without forcing it (the sum may still be combined).
+      control.extend(_unreduced(lowering.tensors[t]).tensor_list)
     for op in self._op_dependencies:
       lowered = lowering.lowered_operation(op)
       if lowered is not None:
@@ -64,16 +80,28 @@ class Depend(graph_lib.Operation):
       with tf.control_dependencies(control):
         return tf.identity(s)
 
-    lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(fn, x))
+    if isinstance(value, mesh_impl_lib.LazyAllreduceSum):
+      out = mesh_impl_lib.LazyAllreduceSum(
+          impl, impl.slicewise(fn, value.laid_out_input), value.mesh_axes)
+    else:
+      out = impl.slicewise(fn, value.to_laid_out_tensor())
+    lowering.set_tensor_lowering(self._outputs[0], out)
+
+
+def _unreduced(value):
+  """The laid-out tensor behind a lowered value, without a pending sum."""
+  if isinstance(value, mesh_impl_lib.LazyAllreduceSum):
+    return value.laid_out_input
+  return value.to_laid_out_tensor()
 
 
 def depend(x, dependencies, name=None):
   """x, passed on only after `dependencies` (mtf Operations or Tensors).
 
-  In graphs this adds control dependencies to the copy of x; eagerly and in
-  tf.function everything already runs in program order. Work that produced
-  x earlier is not delayed: to read a variable after an assignment, use
-  `mtf.read_variable(var, dependencies=[assign_op])`.
+  Inside tf.function and in graph mode this adds control dependencies to
+  a copy of x (eagerly, everything runs in program order). Work that
+  produced x earlier is not delayed: to read a variable after an
+  assignment, use `mtf.read_variable(var, dependencies=[assign_op])`.
   """
   return Depend(x, list(dependencies), name=name).outputs[0]
 
@@ -85,19 +113,33 @@ class CustomGradientOperation(graph_lib.Operation):
   operation forwards their outputs and, when differentiated, calls
   `grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
   output_grads)` instead of differentiating them.
+
+  Args:
+    explicit_inputs: the Tensors `fn` was called on.
+    all_inputs: `explicit_inputs` followed by every other Tensor the forward
+      computation reads (e.g. variables); grad_fn returns one gradient per
+      tensor of this list.
+    fn_outputs: the Tensors the forward computation returned.
+    grad_fn: the gradient function (see `custom_gradient`).
+    forward_operations: the Operations of the forward computation.
+    name: optional name.
   """
 
-  def __init__(self, explicit_inputs, other_inputs, forward_operations,
-               forward_outputs, grad_fn, name=None):
-    super().__init__(list(explicit_inputs) + list(other_inputs),
-                     mesh=forward_outputs[0].mesh,
+  def __init__(self, explicit_inputs, all_inputs, fn_outputs, grad_fn,
+               forward_operations, name=None):
+    explicit_inputs = list(explicit_inputs)
+    all_inputs = list(all_inputs)
+    if all_inputs[:len(explicit_inputs)] != explicit_inputs:
+      raise ValueError("CustomGradientOperation: all_inputs must start with "
+                       "the explicit inputs.")
+    super().__init__(all_inputs, mesh=fn_outputs[0].mesh,
                      name=name or "custom_gradient")
-    self._explicit_inputs = list(explicit_inputs)
+    self._explicit_inputs = explicit_inputs
     self._forward_operations = list(forward_operations)
-    self._forward_outputs = list(forward_outputs)
+    self._forward_outputs = list(fn_outputs)
     self._grad_fn = grad_fn
     self._outputs = [graph_lib.Tensor(self, t.shape, t.dtype, index=i)
-                     for i, t in enumerate(forward_outputs)]
+                     for i, t in enumerate(fn_outputs)]
 
   @property
   def has_gradient(self):
@@ -113,8 +155,17 @@ class CustomGradientOperation(graph_lib.Operation):
     num_variables = len(graph.all_variables)
     grad_ys = [g if g is not None else constants.zeros_like(y)
                for g, y in zip(grad_ys, self._outputs)]
-    grads = self._grad_fn(self._explicit_inputs, self._inputs,
-                          self._forward_operations, self._outputs, grad_ys)
+    # The gradient function may read the forward computation's tensors
+    # (internal elsewhere).
+    internal = [t for op in self._forward_operations for t in op.outputs]
+    for t in internal:
+      t.usable = True
+    try:
+      grads = self._grad_fn(self._explicit_inputs, self._inputs,
+                            self._forward_operations, self._outputs, grad_ys)
+    finally:
+      for t in internal:
+        t.usable = False
     if len(graph.all_variables) != num_variables:
       raise ValueError(f"The gradient function of {self.name!r} must not "
                        "create variables.")
@@ -164,9 +215,10 @@ def custom_gradient(fn, grad_fn, explicit_inputs):
   single = isinstance(outputs, graph_lib.Tensor)
   output_list = [outputs] if single else list(outputs)
   forward_operations = [op for op in forward_operations if op.cloneable]
-  other_inputs = _external_inputs(forward_operations, explicit_inputs)
-  op = CustomGradientOperation(explicit_inputs, other_inputs,
-                               forward_operations, output_list, grad_fn)
+  all_inputs = explicit_inputs + _external_inputs(forward_operations,
+                                                  explicit_inputs)
+  op = CustomGradientOperation(explicit_inputs, all_inputs, output_list,
+                               grad_fn, forward_operations)
   for forward_op in forward_operations:
     for t in forward_op.outputs:
       t.usable = False
@@ -178,8 +230,29 @@ def recompute_grad(fn, explicit_inputs, control_dependencies=True):
 
   The forward activations of `fn` are not kept for the gradient: the
   backward pass copies the forward operations and differentiates the copies,
-  trading compute for memory. With `control_dependencies`, the copies wait
-  for the output gradients, so they cannot run early and hold memory.
+  trading compute for memory: a stack of blocks then keeps only each
+  block's inputs, plus the activations of one block at a time.
+
+  With `control_dependencies` (where the mesh implementation can order
+  operations; XLA orders by itself), two orderings make that bound hold
+  whatever order TF's executor picks among ready operations:
+  - the copies wait for the output gradients, so they cannot run as soon as
+    their inputs exist (alongside the forward pass) and hold memory;
+  - the gradients passed back wait for all of this block's gradients, so
+    the block's recomputed activations and their gradients are released
+    before an earlier block is recomputed (otherwise, e.g., a variable's
+    gradient may be left until the end, holding what it reads).
+  The saving is in compiled programs (tf.function, graph mode, SIMD):
+  eagerly, the Lowering keeps every value it lowered, for export.
+  benchmarks/recompute_memory.py measures it.
+
+  Args:
+    fn: function of mtf Tensors returning a Tensor or a list of Tensors.
+    explicit_inputs: list of mtf Tensors.
+    control_dependencies: whether to add the orderings above.
+
+  Returns:
+    what `fn` returns.
   """
   def grad_fn(explicit, all_inputs, forward_operations, outputs,
               output_grads):
@@ -192,9 +265,15 @@ def recompute_grad(fn, explicit_inputs, control_dependencies=True):
       mapping = {x: x for x in all_inputs}
     copies, copied = graph.clone_operations(forward_operations, mapping)
     recomputed = [copied[t] for t in outputs[0].operation.forward_outputs]
-    return gradients_lib.gradients(
+    grads = gradients_lib.gradients(
         recomputed, [mapping[x] for x in all_inputs], grad_ys=output_grads,
         operations=copies)
+    present = [g for g in grads if g is not None]
+    if not control_dependencies or len(present) < 2:
+      return grads
+    return [None if g is None else Depend(
+        g, [h for h in present if h is not g], required=False).outputs[0]
+            for g in grads]
 
   return custom_gradient(fn, grad_fn, explicit_inputs)
 
@@ -212,11 +291,28 @@ class _LoopPlaceholder(graph_lib.Operation):
 
 
 class WhileLoopOperation(graph_lib.Operation):
-  """A tf.while_loop whose condition and body are mtf computations."""
+  """A tf.while_loop whose condition and body are mtf computations.
 
-  def __init__(self, cond_fn, body_fn, inputs, has_accumulators=False,
-               tf_kwargs=None, name=None):
+  The operations `cond_fn` and `body_fn` create are taken out of the graph
+  and lowered by this operation, inside the loop; they are still checked
+  against the layout by the Lowering, as operations outside a loop are
+  (see `internal_operations`).
+
+  Args:
+    cond_fn: fn(*loop vars) -> scalar bool mtf Tensor.
+    body_fn: fn(*loop vars) -> new loop vars, then accumulators when
+      `has_accumulators`.
+    inputs: the initial loop variables.
+    tf_kwargs: dict of keyword arguments for tf.while_loop.
+    has_accumulators: whether body_fn returns accumulators.
+    name: optional name.
+  """
+
+  def __init__(self, cond_fn, body_fn, inputs, tf_kwargs=None,
+               has_accumulators=False, name=None):
     inputs = list(inputs)
+    if not inputs:
+      raise ValueError("while_loop needs at least one loop variable.")
     mesh = inputs[0].mesh
     graph = mesh.graph
     placeholders = [
@@ -240,9 +336,8 @@ class WhileLoopOperation(graph_lib.Operation):
             f"while_loop: body output {y.name} {y.shape} {y.dtype.name} does "
             f"not match loop variable {x.name} {x.shape} {x.dtype.name}.")
     # Variables created while tracing stay outside the loop.
-    keep_outside = lambda op: not op.cloneable
-    self._cond_ops = [op for op in cond_ops if not keep_outside(op)]
-    self._body_ops = [op for op in body_ops if not keep_outside(op)]
+    self._cond_ops = [op for op in cond_ops if op.cloneable]
+    self._body_ops = [op for op in body_ops if op.cloneable]
     internal = self._cond_ops + self._body_ops
     external = []
     produced = {t for op in internal for t in op.outputs} | set(placeholders)
@@ -265,10 +360,22 @@ class WhileLoopOperation(graph_lib.Operation):
   def has_gradient(self):
     return False
 
+  @property
+  def internal_operations(self):
+    """The operations this loop lowers itself: its loop variables'
+    stand-ins, then those of `cond_fn` and `body_fn`, in order."""
+    return ([p.operation for p in self._placeholders] + self._cond_ops +
+            self._body_ops)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     n = self._num_loop_vars
     loop_vars = [lowering.laid_out_tensor(x) for x in self._inputs[:n]]
+    # A lazily reduced value from outside the loop is reduced here, once:
+    # reduced inside, its cached result would belong to the loop's graph
+    # and be unusable after the loop.
+    for x in self._inputs[n:]:
+      lowering.laid_out_tensor(x)
     accumulators = self._body_outputs[n:]
     acc_init = [
         impl.slicewise(lambda _, s=impl.slice_shape(a.shape), d=a.dtype:
@@ -289,7 +396,7 @@ class WhileLoopOperation(graph_lib.Operation):
       for p, v in zip(self._placeholders, values[:n]):
         lowering.tensors[p] = v
       for op in ops:
-        op.lower(lowering)
+        lowering.lower_operation(op)
       return values
 
     def cond(*flat):
@@ -332,19 +439,27 @@ def while_loop(cond_fn, body_fn, inputs, num_loop_vars=None,
       `has_accumulators` (values summed over iterations, starting at zero;
       a pending allreduce of an accumulator is done once, after the loop).
     inputs: list of mtf Tensors, the initial loop variables.
-    num_loop_vars: accepted for compatibility with the original (a memory
-      workaround there); every input is a loop variable here.
+    num_loop_vars: optional k: return only the first k outputs, as the
+      original did (there the other loop variables were kept in variables,
+      to save memory on multi-GPU set-ups; here every input stays a loop
+      variable of one tf.while_loop, which holds each value once).
     has_accumulators: whether body_fn returns accumulators.
     name: optional name.
     **tf_kwargs: passed to tf.while_loop (e.g. maximum_iterations).
 
   Returns:
-    the final loop variables, then the accumulators. No gradient.
+    the final loop variables, then the accumulators (or the first
+    `num_loop_vars` of these). No gradient.
   """
-  del num_loop_vars
-  return WhileLoopOperation(cond_fn, body_fn, inputs,
-                            has_accumulators=has_accumulators,
-                            tf_kwargs=tf_kwargs, name=name).outputs
+  inputs = list(inputs)
+  if num_loop_vars is not None and not 0 < num_loop_vars <= len(inputs):
+    raise ValueError(
+        f"while_loop: num_loop_vars must be between 1 and the number of "
+        f"loop variables ({len(inputs)}), got {num_loop_vars}.")
+  outputs = WhileLoopOperation(cond_fn, body_fn, inputs, tf_kwargs=tf_kwargs,
+                               has_accumulators=has_accumulators,
+                               name=name).outputs
+  return outputs if num_loop_vars is None else outputs[:num_loop_vars]
 
 
 def serialize_training_step(features, model_fn, batch_dim, num_splits):

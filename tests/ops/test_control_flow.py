@@ -165,3 +165,94 @@ def test_depend_orders_an_assignment_in_graph_mode():
       sess.run(tf.compat.v1.global_variables_initializer())
       sess.run(lowering.copy_masters_to_slices())
       np.testing.assert_array_equal(sess.run(value), np.full([8], 10.0))
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode",
+                         mtf_testing.layout_mode_params(["a", "c"]))
+def test_lazy_sum_used_inside_and_after_a_loop(mesh_shape, layout, mode):
+  """A sum over a split dimension, pending when the loop reads it, is
+  reduced outside the loop's graph (it failed with "not an element of this
+  graph" / InaccessibleTensorError when exported after the loop)."""
+  def build(mesh, t):
+    s = mtf.reduce_sum(t["x"], reduced_dim=mtf.Dimension("c", 16))
+    i0 = mtf.constant(mesh, 0, mtf.Shape([]), dtype=tf.int32)
+    _, acc = mtf.while_loop(lambda i, a: mtf.less(i, 2),
+                            lambda i, a: [i + 1, a + s],
+                            [i0, mtf.zeros(mesh, s.shape)])
+    return {"s": s, "acc": acc}
+
+  mtf_testing.check_op(
+      build, lambda x: {"s": x.sum(1), "acc": 2 * x.sum(1)},
+      {"x": (_x(), ["a", "c"])}, mesh_shape, layout, mode, grad_wrt=[])
+
+
+def test_while_loop_num_loop_vars_returns_the_first_outputs():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  i0 = mtf.constant(mesh, 0, mtf.Shape([]), dtype=tf.int32)
+  x = mtf.import_tf_tensor(mesh, np.arange(4, dtype=np.float32), "a:4")
+  step = mtf.ones(mesh, "a:4")
+  outputs = mtf.while_loop(lambda i, v, d: mtf.less(i, 3),
+                           lambda i, v, d: [i + 1, v + d, d * 2.0],
+                           [i0, x, step], num_loop_vars=2)
+  assert len(outputs) == 2
+  lowering = mtf.Lowering(
+      graph, {mesh: mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "")})
+  assert int(lowering.export_to_tf_tensor(outputs[0])) == 3
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(outputs[1]),
+                                np.arange(4) + 1 + 2 + 4)
+
+
+@pytest.mark.parametrize("num_loop_vars", [0, 3])
+def test_while_loop_refuses_num_loop_vars_out_of_range(num_loop_vars):
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  i0 = mtf.constant(mesh, 0, mtf.Shape([]), dtype=tf.int32)
+  with pytest.raises(ValueError, match="num_loop_vars"):
+    mtf.while_loop(lambda i, v: mtf.less(i, 3), lambda i, v: [i + 1, v],
+                   [i0, mtf.ones(mesh, "a:4")], num_loop_vars=num_loop_vars)
+
+
+def test_operations_take_the_original_parameters():
+  """Positional arguments in the original's order."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.ones(mesh, "a:4")
+  assert mtf.Depend(x, [mtf.zeros(mesh, "a:4")], "after").name == "after"
+  i0 = mtf.constant(mesh, 0, mtf.Shape([]), dtype=tf.int32)
+  loop = mtf.WhileLoopOperation(
+      lambda i, v: mtf.less(i, 2), lambda i, v: [i + 1, v * 2.0, v],
+      [i0, x], {"maximum_iterations": 5}, True, "my_loop")
+  assert loop.name == "my_loop" and len(loop.outputs) == 3
+  with graph.capture_operations() as forward:
+    y = mtf.exp(x)
+  op = mtf.CustomGradientOperation(
+      [x], [x], [y], lambda *args: [args[-1][0]], forward, "my_gradient")
+  assert op.name == "my_gradient"
+  (dx,) = mtf.gradients([mtf.reduce_sum(op.outputs[0])], [x])
+  lowering = mtf.Lowering(
+      graph, {mesh: mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "")})
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(dx), np.ones(4))
+  np.testing.assert_array_equal(
+      lowering.export_to_tf_tensor(loop.outputs[2]), np.full(4, 3.0))
+
+
+def test_custom_gradient_fn_may_read_the_forward_tensors():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, np.array([1., 2.], np.float32), "a:2")
+
+  def grad_fn(explicit, all_inputs, forward_operations, outputs, dys):
+    del explicit, all_inputs
+    forward = outputs[0].operation.forward_outputs[0]
+    assert forward.operation in forward_operations
+    return [dys[0] * forward]  # d exp(x) = exp(x) dx
+
+  y = mtf.custom_gradient(mtf.exp, grad_fn, [x])
+  (dx,) = mtf.gradients([mtf.reduce_sum(y)], [x])
+  with pytest.raises(ValueError, match="internal to a custom gradient"):
+    mtf.relu(y.operation.forward_outputs[0])
+  lowering = mtf.Lowering(
+      graph, {mesh: mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "")})
+  np.testing.assert_allclose(lowering.export_to_tf_tensor(dx),
+                             np.exp([1., 2.]), rtol=1e-6)
