@@ -89,15 +89,23 @@ def run_in_mode(mode, build_and_lower, impl=None, each_processor=False):
     if not isinstance(impl, mtf.simd_mesh_impl.SimdMeshImpl):
       raise TypeError("simd mode runs on a SimdMeshImpl: pass impl="
                       f"make_impl('simd', ...), got {impl!r}.")
-    results = tf.function(
-        lambda: impl.run_each(lambda: build_and_lower()[1]))()
+    def program():
+      return build_and_lower()[1]
+
+    def run_each():
+      return impl.run_each(program)
+
+    results = tf.function(run_each)()
     results = [tf.nest.map_structure(np.asarray, r) for r in results]
     return results if each_processor else results[0]
   if mode == "eager":
     _, result = build_and_lower()
     return tf.nest.map_structure(np.asarray, result)
   if mode == "function":
-    result = tf.function(lambda: build_and_lower()[1])()
+    def traced():
+      return build_and_lower()[1]
+
+    result = tf.function(traced)()
     return tf.nest.map_structure(np.asarray, result)
   if mode == "graph":
     with tf.Graph().as_default():

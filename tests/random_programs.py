@@ -1,0 +1,394 @@
+"""Random mtf programs, for property tests of layouts.
+
+`build(seed, mesh)` builds a program from a seed: the same program whatever
+mesh and layout it is lowered onto, because every random choice depends on
+the seed and on tensor shapes only. Programs mix element-wise ops,
+broadcasting, einsum, reductions, concat / split / slice / pad / shift,
+renames and reshapes, gathers, and while-loop, recompute and custom-gradient
+bodies. `check(seed, mesh_shape, layout, mode)` runs one under a layout and
+compares it with one processor: the answer must agree, or lowering must
+raise an mtf error that names a dimension of the program.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from tests import mtf_testing
+
+SIZES = (2, 4, 4, 8, 8, 6)
+MESHES = ("all:2", "all:4", "all:8", "r:2;c:2", "r:2;c:4", "r:4;c:2")
+MTF_ERRORS = (mtf.ShapeError, mtf.LayoutError, mtf.IndivisibleError)
+
+
+@dataclasses.dataclass
+class Program:
+  """What `build` made: inputs to differentiate, outputs, dimension names."""
+  inputs: list
+  outputs: list
+  dim_names: set
+  has_loop: bool
+
+
+class _Builder:
+  """Grows a list of float values by random operations."""
+
+  def __init__(self, seed, mesh):
+    self.rng = np.random.RandomState(seed)
+    self.mesh = mesh
+    self.values = []
+    self.dim_names = set()
+    self.fresh = 0
+    self.has_loop = False
+
+  # Helpers.
+
+  def new_name(self, prefix):
+    self.fresh += 1
+    name = f"{prefix}{self.fresh}"
+    self.dim_names.add(name)
+    return name
+
+  def pick(self, values=None, min_rank=0):
+    values = [v for v in (values or self.values)
+              if v.shape.ndims >= min_rank]
+    if not values:
+      return None
+    # Prefer recent values, so programs grow deep rather than wide.
+    weights = np.arange(1, len(values) + 1, dtype=np.float64)
+    return values[self.rng.choice(len(values), p=weights / weights.sum())]
+
+  def pick_dim(self, x):
+    return x.shape.dims[self.rng.randint(x.shape.ndims)]
+
+  def constant(self, dims, dtype=np.float32, high=None):
+    shape = [d.size for d in dims]
+    if high is None:
+      array = self.rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+    else:
+      array = self.rng.randint(0, high, size=shape).astype(dtype)
+    return mtf.import_tf_tensor(self.mesh, tf.constant(array), mtf.Shape(dims))
+
+  # Operations: each returns a new value, or None if it does not apply.
+
+  def unary(self, x):
+    fns = [mtf.tanh, mtf.sigmoid, lambda t: mtf.square(t) * 0.5,
+           mtf.negative, lambda t: mtf.exp(mtf.tanh(t)), lambda t: t * 1.5]
+    return fns[self.rng.randint(len(fns))](x)
+
+  def compatible(self, x):
+    sizes = {d.name: d.size for d in x.shape.dims}
+    return [y for y in self.values
+            if all(sizes.get(d.name, d.size) == d.size for d in y.shape.dims)]
+
+  def binary(self, x):
+    y = self.pick(self.compatible(x))
+    fns = [mtf.add, mtf.sub, mtf.multiply, mtf.maximum]
+    return fns[self.rng.randint(len(fns))](x, y)
+
+  def einsum(self, x):
+    y = self.pick(self.compatible(x))
+    union = list(x.shape.dims) + [d for d in y.shape.dims
+                                  if d not in x.shape.dims]
+    keep = [d for d in union if self.rng.rand() < 0.6]
+    order = self.rng.permutation(len(keep))
+    return mtf.einsum([x, y], output_shape=mtf.Shape([keep[i] for i in order]))
+
+  def reduce(self, x):
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    fns = [mtf.reduce_sum, mtf.reduce_max, mtf.reduce_mean, mtf.reduce_min]
+    return fns[self.rng.randint(len(fns))](x, reduced_dim=dim)
+
+  def softmax(self, x):
+    if not x.shape.ndims:
+      return None
+    return mtf.softmax(x, self.pick_dim(x))
+
+  def cumsum(self, x):
+    if not x.shape.ndims:
+      return None
+    return mtf.cumsum(x, self.pick_dim(x))
+
+  def concat(self, x):
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    return mtf.concat([x, mtf.tanh(x)], dim.name)
+
+  def split(self, x):
+    dims = [d for d in x.shape.dims if d.size >= 2]
+    if not dims:
+      return None
+    dim = dims[self.rng.randint(len(dims))]
+    k = self.rng.randint(1, dim.size)
+    return mtf.split(x, dim, [k, dim.size - k])[self.rng.randint(2)]
+
+  def slice(self, x):
+    dims = [d for d in x.shape.dims if d.size >= 2]
+    if not dims:
+      return None
+    dim = dims[self.rng.randint(len(dims))]
+    size = self.rng.randint(1, dim.size + 1)
+    begin = self.rng.randint(0, dim.size - size + 1)
+    return mtf.slice(x, begin, size, dim.name)
+
+  def pad(self, x):
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    return mtf.pad(x, [int(self.rng.randint(3)), int(self.rng.randint(3))],
+                   dim.name)
+
+  def shift(self, x):
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    offset = int(self.rng.randint(-dim.size + 1, dim.size))
+    return mtf.shift(x, offset, dim, wrap=bool(self.rng.randint(2)))
+
+  def rename(self, x):
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    return mtf.rename_dimension(x, dim.name, self.new_name("r"))
+
+  def reshape(self, x):
+    dims = list(x.shape.dims)
+    if len(dims) >= 2 and self.rng.rand() < 0.5:
+      i = self.rng.randint(len(dims) - 1)
+      merged = mtf.Dimension(self.new_name("m"), dims[i].size * dims[i + 1].size)
+      new_dims = dims[:i] + [merged] + dims[i + 2:]
+    else:
+      even = [i for i, d in enumerate(dims) if d.size % 2 == 0]
+      if not even:
+        return None
+      i = even[self.rng.randint(len(even))]
+      halves = [mtf.Dimension(self.new_name("s"), 2),
+                mtf.Dimension(self.new_name("s"), dims[i].size // 2)]
+      new_dims = dims[:i] + halves + dims[i + 1:]
+    return mtf.reshape(x, mtf.Shape(new_dims))
+
+  def gather(self, x):
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    index_dim = mtf.Dimension(self.new_name("g"), int(self.rng.choice([2, 4])))
+    indices = self.constant([index_dim], np.int32, high=dim.size)
+    return mtf.gather(x, indices, dim)
+
+  def transpose(self, x):
+    dims = list(x.shape.dims)
+    return mtf.transpose(
+        x, mtf.Shape([dims[i] for i in self.rng.permutation(len(dims))]))
+
+  # Bodies.
+
+  def chain(self, x, steps, shape_preserving=False):
+    """A few random operations applied to x (inside a body)."""
+    outer = self.values
+    self.values = list(outer) + [x]
+    try:
+      for _ in range(steps):
+        op = self.rng.choice(_PRESERVING if shape_preserving else _SIMPLE)
+        y = getattr(self, op)(x)
+        if y is None:
+          continue
+        if shape_preserving:
+          y = _back_to_shape(y, x.shape)
+        x = y
+        self.values.append(x)
+    finally:
+      self.values = outer
+    return x
+
+  def recompute(self, x):
+    steps = int(self.rng.randint(1, 4))
+    seed = int(self.rng.randint(1 << 30))
+    return mtf.recompute_grad(lambda t: self._replay(seed, t, steps), [x])
+
+  def custom(self, x):
+    steps = int(self.rng.randint(1, 4))
+    seed = int(self.rng.randint(1 << 30))
+
+    def grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
+                output_grads):
+      # Differentiates copies of the forward operations, as a user's
+      # gradient function may (internal tensors stay inside the body).
+      del explicit_inputs
+      graph = outputs[0].graph
+      copies, copied = graph.clone_operations(
+          forward_operations, {x: x for x in all_inputs})
+      recomputed = [copied[t] for t in outputs[0].operation.forward_outputs]
+      return mtf.gradients(recomputed, all_inputs, output_grads,
+                           operations=copies)
+
+    return mtf.custom_gradient(lambda t: self._replay(seed, t, steps),
+                               grad_fn, [x])
+
+  def _replay(self, seed, x, steps):
+    saved = self.rng
+    self.rng = np.random.RandomState(seed)
+    try:
+      return self.chain(x, steps)
+    finally:
+      self.rng = saved
+
+  def loop(self, x):
+    self.has_loop = True
+    iterations = int(self.rng.randint(1, 3))
+    steps = int(self.rng.randint(1, 3))
+    seed = int(self.rng.randint(1 << 30))
+    # A value computed outside the loop and used in it and after it.
+    outside = self.reduce(x) if x.shape.ndims else x
+
+    def body(i, acc):
+      y = self._replay_preserving(seed, acc, steps)
+      y = y + _back_to_shape(outside, acc.shape)
+      return [i + 1, acc + mtf.tanh(y)]
+
+    i0 = mtf.constant(self.mesh, 0, mtf.Shape([]), dtype=tf.int32)
+    _, out = mtf.while_loop(lambda i, acc: mtf.less(i, iterations), body,
+                            [i0, x])
+    self.values.append(outside)
+    return out
+
+  def _replay_preserving(self, seed, x, steps):
+    saved = self.rng
+    self.rng = np.random.RandomState(seed)
+    try:
+      return self.chain(x, steps, shape_preserving=True)
+    finally:
+      self.rng = saved
+
+
+_SIMPLE = ("unary", "binary", "einsum", "reduce", "softmax", "cumsum",
+           "concat", "split", "slice", "pad", "shift", "rename", "reshape",
+           "gather", "transpose")
+_PRESERVING = ("unary", "binary", "einsum", "reduce", "softmax", "cumsum",
+               "concat", "slice", "pad", "shift", "transpose")
+_ALL = _SIMPLE + ("recompute", "custom", "loop")
+
+
+def _back_to_shape(y, shape):
+  """y made into a tensor of `shape`: extra dims summed, missing ones
+  broadcast, sizes that changed sliced or padded back."""
+  for d in y.shape.dims:
+    if d.name not in shape.dimension_names:
+      y = mtf.reduce_sum(y, reduced_dim=d)
+  for d in shape.dims:
+    current = [e for e in y.shape.dims if e.name == d.name]
+    if current and current[0].size > d.size:
+      y = mtf.slice(y, 0, d.size, d.name)
+    elif current and current[0].size < d.size:
+      y = mtf.pad(y, [0, d.size - current[0].size], d.name)
+  return mtf.broadcast(y, shape) if y.shape != shape else y
+
+
+def build(seed, mesh, num_ops=None):
+  """Builds the program of `seed` on `mesh`; returns a Program."""
+  b = _Builder(seed, mesh)
+  base = [mtf.Dimension(f"d{i}", int(b.rng.choice(SIZES))) for i in range(4)]
+  b.dim_names.update(d.name for d in base)
+  inputs = []
+  for _ in range(int(b.rng.randint(1, 4))):
+    rank = int(b.rng.randint(1, 4))
+    dims = [base[i] for i in sorted(b.rng.choice(4, rank, replace=False))]
+    inputs.append(b.constant(dims))
+  b.values = list(inputs)
+  for _ in range(num_ops or int(b.rng.randint(3, 9))):
+    op = _ALL[b.rng.randint(len(_ALL))]
+    x = b.pick()
+    y = getattr(b, op)(x)
+    if y is not None:
+      b.values.append(y)
+  outputs = b.values[-2:] if len(b.values) > len(inputs) else b.values[-1:]
+  return Program(inputs, outputs, b.dim_names, b.has_loop)
+
+
+def run(seed, mesh_shape, layout, mode, num_ops=None):
+  """Outputs (and input gradients, when the program has no loop) of the
+  program of `seed`, as NumPy arrays."""
+  impl = mtf_testing.make_impl(mode, mesh_shape, layout)
+
+  def build_and_lower():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    program = build(seed, mesh, num_ops)
+    fetch = {f"out{i}": y for i, y in enumerate(program.outputs)}
+    if not program.has_loop:
+      cotangent_rng = np.random.RandomState(seed + 1)
+      total = None
+      for y in program.outputs:
+        c = cotangent_rng.uniform(-1, 1, y.shape.to_integer_list)
+        term = mtf.reduce_sum(y * mtf.import_tf_tensor(
+            mesh, tf.constant(c.astype(np.float32)), y.shape))
+        total = term if total is None else total + term
+      grads = mtf.gradients([total], program.inputs)
+      fetch.update({f"grad{i}": g for i, g in enumerate(grads)
+                    if g is not None})
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return lowering, {k: lowering.export_to_tf_tensor(v)
+                      for k, v in fetch.items()}
+
+  return mtf_testing.run_in_mode(mode, build_and_lower, impl)
+
+
+def dimension_names(seed, num_ops=None):
+  graph = mtf.Graph()
+  return build(seed, mtf.Mesh(graph, "mesh"), num_ops).dim_names
+
+
+def random_layout(rng, mesh_shape, dim_names):
+  """Layout rules splitting some of `dim_names` over mesh dimensions."""
+  mesh_dims = [part.split(":")[0] for part in mesh_shape.split(";")]
+  rules = [f"{name}:{mesh_dims[rng.randint(len(mesh_dims))]}"
+           for name in sorted(dim_names) if rng.rand() < 0.35]
+  return ";".join(rules)
+
+
+def check(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
+  """Runs the program of `seed` under a layout against one processor.
+
+  Returns "agree", "error" (an mtf error naming a dimension) or "invalid"
+  (the program is ill-formed on one processor too). Raises AssertionError
+  on a wrong answer, an mtf error that names no dimension, or any other
+  exception.
+  """
+  where = f"seed {seed}, mesh {mesh_shape!r}, layout {layout!r}, mode {mode}"
+  try:
+    want = run(seed, "all:1", "", "eager", num_ops)
+  except MTF_ERRORS:
+    return "invalid"
+  try:
+    got = run(seed, mesh_shape, layout, mode, num_ops)
+  except MTF_ERRORS as e:
+    names = dimension_names(seed, num_ops)
+    if not any(name in str(e) for name in names):
+      raise AssertionError(f"{where}: {type(e).__name__} names no dimension "
+                           f"of the program: {e}") from e
+    return "error"
+  except Exception as e:  # pylint: disable=broad-except
+    raise AssertionError(f"{where}: {type(e).__name__} instead of the "
+                         f"one-processor answer or an mtf error: {e}") from e
+  assert sorted(got) == sorted(want), f"{where}: fetched {sorted(got)}"
+  for key in want:
+    scale = max(1.0, float(np.max(np.abs(want[key]), initial=0.0)))
+    np.testing.assert_allclose(got[key], want[key], rtol=rtol,
+                               atol=rtol * scale, err_msg=f"{where}: {key}")
+  return "agree"
+
+
+def cases(count, first_seed=0):
+  """(seed, mesh_shape, layout, mode) cases, deterministic."""
+  rng = np.random.RandomState(first_seed + 12345)
+  result = []
+  for seed in range(first_seed, first_seed + count):
+    mesh_shape = MESHES[rng.randint(len(MESHES))]
+    layout = random_layout(rng, mesh_shape, dimension_names(seed))
+    mode = mtf_testing.MODES[rng.randint(len(mtf_testing.MODES))]
+    result.append((seed, mesh_shape, layout, mode))
+  return result
