@@ -7,5 +7,4 @@ names still being brought in line: it must shrink to nothing.
 
 DEPARTURES = {}
 
-PENDING = {
-}
+PENDING = frozenset()
