@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/checkpoint_memory.py
 	$(PY) benchmarks/autostack.py
 	$(PY) benchmarks/lowering_scale.py
+	$(PY) benchmarks/random_programs.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

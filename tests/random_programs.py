@@ -342,11 +342,44 @@ def dimension_names(seed, num_ops=None):
   return build(seed, mtf.Mesh(graph, "mesh"), num_ops).dim_names
 
 
-def random_layout(rng, mesh_shape, dim_names):
-  """Layout rules splitting some of `dim_names` over mesh dimensions."""
-  mesh_dims = [part.split(":")[0] for part in mesh_shape.split(";")]
-  rules = [f"{name}:{mesh_dims[rng.randint(len(mesh_dims))]}"
-           for name in sorted(dim_names) if rng.rand() < 0.35]
+def dimension_sizes(seed, num_ops=None):
+  """{dimension name: set of its sizes} over the program's tensors."""
+  graph = mtf.Graph()
+  build(seed, mtf.Mesh(graph, "mesh"), num_ops)
+  sizes = {}
+  operations = list(graph.operations)
+  while operations:
+    op = operations.pop()
+    operations.extend(getattr(op, "internal_operations", []))
+    for t in op.outputs:
+      for d in t.shape.dims:
+        sizes.setdefault(d.name, set()).add(d.size)
+  return sizes
+
+
+def random_layout(rng, mesh_shape, dim_sizes):
+  """Layout rules splitting some dimensions over mesh dimensions.
+
+  Mostly valid: a dimension goes to a mesh dimension that divides all its
+  sizes and that no other rule uses; now and then to any mesh dimension, so
+  that the errors are exercised too.
+  """
+  mesh = {name: int(size) for name, size in
+          (part.split(":") for part in mesh_shape.split(";"))}
+  used, rules = set(), []
+  for name in sorted(dim_sizes):
+    if rng.rand() >= 0.4:
+      continue
+    fitting = [m for m in sorted(mesh) if m not in used
+               and all(size % mesh[m] == 0 for size in dim_sizes[name])]
+    if rng.rand() < 0.85:
+      if not fitting:
+        continue
+      choice = fitting[rng.randint(len(fitting))]
+    else:
+      choice = sorted(mesh)[rng.randint(len(mesh))]
+    used.add(choice)
+    rules.append(f"{name}:{choice}")
   return ";".join(rules)
 
 
@@ -388,7 +421,7 @@ def cases(count, first_seed=0):
   result = []
   for seed in range(first_seed, first_seed + count):
     mesh_shape = MESHES[rng.randint(len(MESHES))]
-    layout = random_layout(rng, mesh_shape, dimension_names(seed))
+    layout = random_layout(rng, mesh_shape, dimension_sizes(seed))
     mode = mtf_testing.MODES[rng.randint(len(mtf_testing.MODES))]
     result.append((seed, mesh_shape, layout, mode))
   return result
