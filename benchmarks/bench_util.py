@@ -29,6 +29,22 @@ def configure_logical_cpus(n):
   return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+def status_mb(field):
+  """A memory figure of this process from /proc/self/status, in MB
+  (e.g. "VmRSS", or "VmHWM" for the peak; Linux)."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) / 1024.0
+  raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss():
+  """Makes VmHWM (peak RSS) start again from the current RSS (Linux)."""
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+
+
 def timed_call(fn, *args):
   """Runs fn(*args), waits for its result; returns (ms, result)."""
   ms, _, value = timed_call_cpu(fn, *args)

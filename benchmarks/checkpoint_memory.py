@@ -33,20 +33,6 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
-def _status_mb(field):
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) / 1024.0
-  raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak():
-  """Makes VmHWM (peak RSS) start again from the current RSS (Linux)."""
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-
-
 def run_child(args):
   """Creates the variables, then measures one save or restore."""
   sys.path.insert(0, os.path.dirname(__file__))
@@ -76,13 +62,13 @@ def run_child(args):
   if args.child.endswith("restore"):
     path = checkpoint.save(path)
   gc.collect()
-  before = _status_mb("VmRSS")
-  _reset_peak()
+  before = bench_util.status_mb("VmRSS")
+  bench_util.reset_peak_rss()
   if args.child.endswith("save"):
     checkpoint.save(path)
   else:
     checkpoint.restore(path).assert_consumed()
-  peak = _status_mb("VmHWM")
+  peak = bench_util.status_mb("VmHWM")
   print(json.dumps({"peak_growth_mb": peak - before}))
 
 

@@ -42,6 +42,10 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_util  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 VARIANTS = ("plain", "recompute", "unordered")
 COUNTED_MODES = ("function", "graph", "simd")
 # Ops whose output is (or may be) the buffer of their first input.
@@ -252,20 +256,6 @@ def all_counted(args):
                  for variant in VARIANTS} for mode in COUNTED_MODES}
 
 
-def _status_mb(field):
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) / 1024.0
-  raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak_rss():
-  """Makes VmHWM (peak RSS) start again from the current RSS (Linux)."""
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-
-
 def run_child(args):
   """Runs one step of one case ("<mtf|tf>_<variant>_<allocator|rss>") and
   prints the figure in MB and the loss.
@@ -299,10 +289,10 @@ def run_child(args):
     figure = (tf.config.experimental.get_memory_info("CPU:0")["peak"] -
               base) / 2**20
   else:
-    _reset_peak_rss()
-    base = _status_mb("VmRSS")
+    bench_util.reset_peak_rss()
+    base = bench_util.status_mb("VmRSS")
     loss = float(step(x))
-    figure = _status_mb("VmHWM") - base
+    figure = bench_util.status_mb("VmHWM") - base
   print(json.dumps({"mb": figure, "loss": loss}))
 
 

@@ -1,9 +1,6 @@
 """utils: BalancedVariablePlacer, outside_all_rewrites, the summaries'
 host call and topology_rank."""
 
-import glob
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +8,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import global_step
 from mesh_tensorflow import utils
+from tests.estimator import toy_model
 
 
 def test_balanced_variable_placer_spreads_bytes():
@@ -96,17 +94,6 @@ def _summarized_graph(mesh_impl):
   return mtf.Lowering(graph, {mesh: mesh_impl})
 
 
-def _event_scalars(directory):
-  scalars = {}
-  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
-    for record in tf.data.TFRecordDataset(path):
-      event = tf.compat.v1.Event.FromString(record.numpy())
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, {})[event.step] = float(
-            tf.make_ndarray(value.tensor))
-  return scalars
-
-
 def test_create_host_call_writes_the_lowered_summaries(tmp_path):
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "a:all")
   step = tf.Variable(7, dtype=tf.int64, trainable=False)
@@ -124,7 +111,7 @@ def test_create_host_call_writes_the_lowered_summaries(tmp_path):
     host_call_fn(*args)
 
   train_step()
-  assert _event_scalars(str(tmp_path)) == {"mean": {7: 3.0},
+  assert toy_model.event_scalars(str(tmp_path)) == {"mean": {7: 3.0},
                                            "count": {7: 4.0}}
 
 
@@ -143,7 +130,7 @@ def test_create_host_call_in_graph_mode(tmp_path):
       sess.run(writer.init())
       sess.run(summary_ops)
       sess.run(writer.flush())
-  assert _event_scalars(str(tmp_path)) == {"mean": {3: 3.0},
+  assert toy_model.event_scalars(str(tmp_path)) == {"mean": {3: 3.0},
                                            "count": {3: 4.0}}
 
 
