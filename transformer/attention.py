@@ -80,14 +80,45 @@ def attention(q,
   if float32_logits:
     q = mtf.cast(q, tf.float32)
     k = mtf.cast(k, tf.float32)
-  logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
+  logits = mtf.layers.us_einsum([q, k], _logits_shape(q, k, key_dim))
   if bias is not None:
     logits += mtf.cast(bias, logits.dtype)
   weights = mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit)
   weights = mtf.cast(weights, v.dtype)
   weights = _dropout(weights, dropout_rate, dropout_broadcast_dims)
-  outputs = mtf.einsum([weights, v], q.shape - key_dim + value_dim)
-  return mtf.reshape(outputs, orig_q_shape - key_dim + value_dim)
+  outputs = mtf.einsum([weights, v],
+                       _outputs_shape(weights, q.shape - key_dim + value_dim))
+  return _to_shape(outputs, orig_q_shape - key_dim + value_dim)
+
+
+def _logits_shape(q, k, key_dim):
+  """The logits' dimensions: those q and k share, then q's own (the query
+  length), then k's own (the memory length).
+
+  With both lengths innermost, the q.k and weights.v contractions are plain
+  batched matrix products of the logits: TF's einsum then transposes only
+  the small q, k and v, never the logits or their gradients (the order of
+  q = [batch, length, heads, d_kv] would make it transpose all three).
+  """
+  shared = [d for d in q.shape.dims if d in k.shape.dims and d != key_dim]
+  q_own = [d for d in q.shape.dims if d not in k.shape.dims]
+  k_own = [d for d in k.shape.dims if d not in q.shape.dims]
+  return mtf.Shape(shared + q_own + k_own)
+
+
+def _outputs_shape(weights, shape):
+  """`shape` reordered to follow the weights' dimensions (value last)."""
+  first = [d for d in weights.shape.dims if d in shape.dims]
+  return mtf.Shape(first + [d for d in shape.dims if d not in first])
+
+
+def _to_shape(x, shape):
+  """x as `shape`: a transpose when only the order differs."""
+  if x.shape == shape:
+    return x
+  if set(x.shape.dims) == set(shape.dims):
+    return mtf.transpose(x, shape)
+  return mtf.reshape(x, shape)
 
 
 def _dropout(weights, dropout_rate, dropout_broadcast_dims):

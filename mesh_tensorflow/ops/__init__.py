@@ -77,7 +77,6 @@ from mesh_tensorflow.ops.indexing import gather
 from mesh_tensorflow.ops.indexing import GatherOperation
 from mesh_tensorflow.ops.indexing import one_hot
 from mesh_tensorflow.ops.indexing import OneHotOperation
-from mesh_tensorflow.ops.reduce import log_softmax
 from mesh_tensorflow.ops.reduce import reduce_all
 from mesh_tensorflow.ops.reduce import reduce_any
 from mesh_tensorflow.ops.reduce import reduce_logsumexp
@@ -86,7 +85,10 @@ from mesh_tensorflow.ops.reduce import reduce_mean
 from mesh_tensorflow.ops.reduce import reduce_min
 from mesh_tensorflow.ops.reduce import reduce_sum
 from mesh_tensorflow.ops.reduce import ReduceOperation
-from mesh_tensorflow.ops.reduce import softmax
+from mesh_tensorflow.ops.softmax import log_softmax
+from mesh_tensorflow.ops.softmax import softmax
+from mesh_tensorflow.ops.softmax import SoftmaxGradOperation
+from mesh_tensorflow.ops.softmax import SoftmaxOperation
 from mesh_tensorflow.ops.reshapes import anonymize
 from mesh_tensorflow.ops.reshapes import broadcast
 from mesh_tensorflow.ops.reshapes import BroadcastOperation

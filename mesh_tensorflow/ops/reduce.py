@@ -1,4 +1,4 @@
-"""Reductions over named dimensions, and softmax built from them.
+"""Reductions over named dimensions (softmax is in `softmax`).
 
 Each processor reduces its slice; if a reduced dimension is split over mesh
 dimensions, the partial results are combined across them: sums lazily (see
@@ -217,13 +217,3 @@ def reduce_logsumexp(x, reduced_dim, extra_logit=None, name=None):
     sum_exp += elementwise.exp(binary.sub(extra_logit, max_logit))
   return binary.add(elementwise.log(sum_exp), max_logit,
                     name=name or "reduce_logsumexp")
-
-
-def log_softmax(x, reduced_dim, extra_logit=None, name=None):
-  return binary.sub(x, reduce_logsumexp(x, reduced_dim, extra_logit),
-                    output_shape=x.shape, name=name or "log_softmax")
-
-
-def softmax(x, reduced_dim, extra_logit=None, name=None):
-  return elementwise.exp(log_softmax(x, reduced_dim, extra_logit),
-                         name=name or "softmax")

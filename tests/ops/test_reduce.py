@@ -132,6 +132,17 @@ SOFTMAX_CASES = {
     "softmax": (
         lambda x: mtf.softmax(x, _dims("b")[0]),
         lambda x: _softmax(x, 1), {"x": (X, ABC)}),
+    "softmax_first_dim": (
+        lambda x: mtf.softmax(x, _dims("a")[0]),
+        lambda x: _softmax(x, 0), {"x": (X, ABC)}),
+    "softmax_last_dim": (
+        lambda x: mtf.softmax(x, _dims("c")[0]),
+        lambda x: _softmax(x, 2), {"x": (X, ABC)}),
+    "softmax_extra_logit": (
+        lambda x: mtf.softmax(x, _dims("b")[0], extra_logit=0.5),
+        lambda x: np.exp(x) / (np.sum(np.exp(x), axis=1, keepdims=True) +
+                               np.exp(0.5)),
+        {"x": (X, ABC)}),
     "log_softmax": (
         lambda x: mtf.log_softmax(x, _dims("a")[0]),
         lambda x: np.log(_softmax(x, 0)), {"x": (X, ABC)}),
@@ -148,6 +159,54 @@ def test_softmax(case, mesh_shape, layout, mode):
       lambda mesh, t: {"y": mtf_fn(*[t[n] for n in names])},
       lambda **arrays: {"y": np_fn(*[arrays[n] for n in names])},
       inputs, mesh_shape, layout, mode)
+
+
+def _softmax_grad_of_grad(x, g, h):
+  """d/dx of sum(h * dsoftmax(x)^T g) for softmax over axis 1, by hand."""
+  y = _softmax(x, 1)
+  # dx(g) = y * (g - sum(y * g)); its derivative along x, contracted with h.
+  s = np.sum(y * g, axis=1, keepdims=True)
+  t = np.sum(h * y, axis=1, keepdims=True)
+  d_y = h * (g - s) - g * t
+  return y * (d_y - np.sum(y * d_y, axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_softmax_second_order(mesh_shape, layout, mode):
+  """The gradient of softmax's gradient (its own gradient operation)."""
+  g = np.random.RandomState(4).uniform(-1, 1, X.shape).astype(np.float32)
+  h = np.random.RandomState(5).uniform(-1, 1, X.shape).astype(np.float32)
+
+  def build(mesh, t):
+    del mesh
+    b = _dims("b")[0]
+    y = mtf.softmax(t["x"], b)
+    [dx] = mtf.gradients([mtf.reduce_sum(y * t["g"])], [t["x"]])
+    [ddx] = mtf.gradients([mtf.reduce_sum(dx * t["h"])], [t["x"]])
+    return {"dx": dx, "ddx": ddx}
+
+  def expected(x, g, h):
+    y = _softmax(x, 1)
+    return {"dx": y * (g - np.sum(y * g, axis=1, keepdims=True)),
+            "ddx": _softmax_grad_of_grad(x, g, h)}
+
+  mtf_testing.check_op(build, expected,
+                       {"x": (X, ABC), "g": (g, ABC), "h": (h, ABC)},
+                       mesh_shape, layout, mode, grad_wrt=[])
+
+
+def test_softmax_bfloat16():
+  """bfloat16 softmax runs on CPU and stays close to float32."""
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "", [""])
+  x = mtf.import_tf_tensor(mesh, tf.constant(X, tf.bfloat16),
+                           mtf.Shape(_dims("abc")))
+  y = mtf.softmax(x, _dims("b")[0])
+  lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+  result = lowering.export_to_tf_tensor(y)
+  assert result.dtype == tf.bfloat16
+  np.testing.assert_allclose(tf.cast(result, tf.float32).numpy(),
+                             _softmax(X, 1), atol=1e-2)
 
 
 def test_output_shapes():
