@@ -20,12 +20,18 @@ For a 2x2 mesh "rows:2;cols:2" and a tensor [a=4, b=6] laid out "a:rows",
 processors 0 and 1 both compute the elements with linear indices 0-11 (rows
 0-1 of the full tensor) and get the same values; processors 2 and 3 compute
 indices 12-23. No communication happens.
+
+Float32 uniforms (dropout masks) are TensorFlow's own stateless Philox
+stream instead, computed by its fused kernel where a slice allows it (see
+`stateless_uniform`); the guarantees are the same.
 """
 
 import math
 
 import numpy as np
 import tensorflow as tf
+
+from mesh_tensorflow import stateless_uniform
 
 DISTRIBUTIONS = ("uniform", "normal", "truncated_normal")
 
@@ -211,6 +217,13 @@ def uniform(seed, full_shape, slice_shape, begin, dtype=tf.float32,
                        f"minval={minval}, maxval={maxval}.")
   else:
     _check_float(dtype, "uniform")
+  if dtype == tf.float32:
+    # TensorFlow's own fused Philox stream (see `stateless_uniform`).
+    unit = stateless_uniform.unit_uniform(seed, full_shape, slice_shape,
+                                          begin)
+    minval, maxval = tf.cast(minval, tf.float32), tf.cast(maxval, tf.float32)
+    value = minval + unit * (maxval - minval)
+    return tf.reshape(value, slice_shape)
   word = random_bits(seed, full_shape, slice_shape, begin)[0]
   if dtype.is_integer:
     offset = tf.math.floormod(word, tf.constant(span, tf.uint64))
@@ -418,6 +431,9 @@ def compiled_sampler(distribution, full_shape, slice_shape, dtype=tf.float32,
              for v in params.values()):
     return None
   dtype = tf.as_dtype(dtype)
+  if (distribution, dtype) == ("uniform", tf.float32) and (
+      stateless_uniform.is_fused(full_shape, slice_shape)):
+    return None  # A few ops inline: cheaper than a function call.
   key = (distribution, dtype, tuple(full_shape), tuple(slice_shape),
          tuple(sorted(params.items())))
   fn = _COMPILED.get(key)
