@@ -363,6 +363,13 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
             for tensor_axis, mesh_axis in enumerate(
                 self.tensor_layout(tensor_shape))]
 
+  def replica_sources(self, tensor_shape):
+    """Per processor, the processor whose copy of its slice of a tensor of
+    `tensor_shape` it uses. Each its own here; PlacementMeshImpl on one
+    host's CPUs lets replicas share the first copy."""
+    del tensor_shape
+    return list(range(self.size))
+
   def slice_size(self, tensor_shape):
     return shape_lib.list_product(self.slice_shape(tensor_shape))
 

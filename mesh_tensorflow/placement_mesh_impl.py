@@ -71,12 +71,20 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       in graph or tf.function mode; "auto" picks NCCL where it applies;
       "ring" uses the original library's `allreduce_ring` and
       `allconcat_ring` (data moves only between ring neighbours).
+    share_replicas: whether processors holding the same slice of a tensor
+      (replicas along mesh dimensions the tensor is not split over) share
+      one computation of it. None (the default) means yes when every
+      device is a CPU of one task: logical CPUs share memory and cores, so
+      a replica's copy and its repeated work are pure cost (on
+      batch:2;model:4, everything of size d_model was computed 4 times).
+      Values are identical either way; each processor keeps its own
+      variables.
   """
 
   LaidOutVariable = LaidOutVariable
 
   def __init__(self, shape, layout, devices=None, *,
-               allreduce_algorithm="auto"):
+               allreduce_algorithm="auto", share_replicas=None):
     super().__init__(shape, layout)
     if allreduce_algorithm not in _ALGORITHMS:
       raise ValueError(
@@ -92,21 +100,51 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           f"{self.size} devices (one per processor), got {len(devices)}: "
           f"{devices}.")
     self._devices = devices
+    if share_replicas is None:
+      share_replicas = _one_task_cpus(devices)
+    self._share_replicas = bool(share_replicas)
+    self._sources = {}
 
   @property
   def devices(self):
     return list(self._devices)
+
+  @property
+  def share_replicas(self):
+    return self._share_replicas
+
+  def replica_sources(self, tensor_shape):
+    """Per processor, the processor whose copy of its slice of a tensor of
+    `tensor_shape` it uses: the first with the same slice when replicas
+    are shared, else itself."""
+    tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    if not self._share_replicas:
+      return list(range(self.size))
+    key = (tuple(tensor_shape.to_integer_list), tuple(self.tensor_layout(
+        tensor_shape)))
+    if key not in self._sources:
+      first = {}
+      self._sources[key] = [
+          first.setdefault(tuple(self.slice_begin(tensor_shape, p)), p)
+          for p in range(self.size)]
+    return self._sources[key]
 
   # ----------------------------------------------------------- computation
 
   def slicewise(self, fn, *inputs):
     inputs = mesh_impl_lib.convert_args_to_laid_out_tensors(inputs)
     results = []
+    done = {}  # With shared replicas: the same arguments, the same result.
     for pnum, device in enumerate(self._devices):
       args = [x.tensor_list[pnum] if isinstance(x, LaidOutTensor) else x
               for x in inputs]
+      key = tuple(id(a) for a in args)
+      if self._share_replicas and key in done:
+        results.append(done[key])
+        continue
       with tf.device(device):
         results.append(fn(*args))
+      done[key] = results[-1]
     if isinstance(results[0], tuple):
       return tuple(LaidOutTensor(list(r)) for r in zip(*results))
     return LaidOutTensor(results)
@@ -129,6 +167,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     dtype = x.tensor_list[0].dtype
     placement_collectives.binary_reduction(reduction_fn_string, dtype)
     out = [None] * self.size
+    reduced = {}
     for group_index, group in enumerate(self.processor_groups(mesh_axes)):
       if self._allreduce_algorithm == "ring":
         ys = allreduce_ring([x.tensor_list[p] for p in group],
@@ -145,12 +184,16 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
         for p, y in zip(group, _NCCL_REDUCTIONS[reduction_fn_string](slices)):
           out[p] = y
         continue
-      with tf.device(self._gather_device(group, group_index)):
-        total = placement_collectives.reduce_list(
-            [x.tensor_list[p] for p in group], reduction_fn_string)
+      key = tuple(id(x.tensor_list[p]) for p in group)
+      if self._share_replicas and key in reduced:
+        total = reduced[key]  # Another group with the very same inputs.
+      else:
+        with tf.device(self._gather_device(group, group_index)):
+          total = placement_collectives.reduce_list(
+              [x.tensor_list[p] for p in group], reduction_fn_string)
+        reduced[key] = total
       for p in group:
-        with tf.device(self._devices[p]):
-          out[p] = tf.identity(total)
+        out[p] = self._hand_over(total, p)
     return LaidOutTensor(out)
 
   def _use_nccl(self, group, dtype):
@@ -187,6 +230,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
         with tf.device(device):
           inputs.append(tf.expand_dims(t, concat_axis))
     out = [None] * self.size
+    concatenated = {}
     for group_index, group in enumerate(self.processor_groups([mesh_axis])):
       if self._allreduce_algorithm == "ring":
         ys = allconcat_ring([inputs[p] for p in group],
@@ -194,12 +238,24 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
         for p, y in zip(group, ys):
           out[p] = y
         continue
-      with tf.device(self._gather_device(group, group_index)):
-        whole = tf.concat([inputs[p] for p in group], axis=concat_axis)
+      key = tuple(id(inputs[p]) for p in group)
+      if self._share_replicas and key in concatenated:
+        whole = concatenated[key]
+      else:
+        with tf.device(self._gather_device(group, group_index)):
+          whole = tf.concat([inputs[p] for p in group], axis=concat_axis)
+        concatenated[key] = whole
       for p in group:
-        with tf.device(self._devices[p]):
-          out[p] = tf.identity(whole)
+        out[p] = self._hand_over(whole, p)
     return LaidOutTensor(out)
+
+  def _hand_over(self, value, pnum):
+    """`value` for processor `pnum`: a copy on its device, or the value
+    itself when replicas are shared."""
+    if self._share_replicas:
+      return value
+    with tf.device(self._devices[pnum]):
+      return tf.identity(value)
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     x = x.to_laid_out_tensor()
@@ -235,7 +291,11 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     shape = mesh_impl_lib.full_shape_of(x, "PlacementMeshImpl.import_tf_tensor")
     slices = self.make_slices(tf.convert_to_tensor(tf_x), shape)
     out = []
-    for device, s in zip(self._devices, slices):
+    for pnum, (device, s) in enumerate(zip(self._devices, slices)):
+      source = self.replica_sources(shape)[pnum]
+      if source != pnum:
+        out.append(out[source])
+        continue
       with tf.device(device):
         out.append(tf.identity(s))
     return LaidOutTensor(out)
@@ -257,6 +317,10 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     sample = self._random_sampler(shape, tf_fn, kwargs)
     out = []
     for pnum, device in enumerate(self._devices):
+      source = self.replica_sources(shape)[pnum]
+      if source != pnum:
+        out.append(out[source])
+        continue
       with tf.device(device):
         out.append(sample(self.slice_begin(shape, pnum)))
     return LaidOutTensor(out)
@@ -274,6 +338,13 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
                           assign_fn):
     return placement_variables.assign_to_variables(
         laid_out_variables, laid_out_values, assign_fn)
+
+
+def _one_task_cpus(devices):
+  """True if every device is a CPU of one task (logical CPUs of a host)."""
+  specs = [tf.DeviceSpec.from_string(d) for d in devices]
+  return (all((s.device_type or "").upper() == "CPU" for s in specs) and
+          len({(s.job, s.replica, s.task) for s in specs}) == 1)
 
 
 _NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)

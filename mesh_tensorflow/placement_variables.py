@@ -194,22 +194,35 @@ class LaidOutVariable(mesh_impl_lib.LaidOutVariable):
     """Reads the slices now (e.g. after an assignment)."""
     dtype = self._variable.activation_dtype
     devices = self._mesh_impl.devices
+    # Replicas hold equal values: with shared replicas, all read one copy.
+    sources = self._mesh_impl.replica_sources(self._variable.shape)
     if share_stack_read and self._stack_is_shared_read():
       group = self._stack_group
       if group.unstacked_reads is None:
         reads = []
-        for device, v in zip(devices, self._entry.stack.slices):
+        for pnum, (device, v) in enumerate(zip(devices,
+                                               self._entry.stack.slices)):
+          if sources[pnum] != pnum:
+            reads.append(None)
+            continue
           with tf.device(device):
             reads.append(tf.unstack(v.value(), num=len(group.names)))
         group.unstacked_reads = reads
-      values = [rows[self._entry.index] for rows in group.unstacked_reads]
+      values = [rows and rows[self._entry.index]
+                for rows in group.unstacked_reads]
     else:
       values = []
       for pnum, device in enumerate(devices):
+        if sources[pnum] != pnum:
+          values.append(None)
+          continue
         with tf.device(device):
           values.append(self._entry.slice_value(pnum))
     out = []
-    for device, value in zip(devices, values):
+    for pnum, (device, value) in enumerate(zip(devices, values)):
+      if sources[pnum] != pnum:
+        out.append(out[sources[pnum]])
+        continue
       with tf.device(device):
         out.append(value if value.dtype == dtype else tf.cast(value, dtype))
     return LaidOutTensor(out)

@@ -226,7 +226,7 @@ def _logical_cpus():
 
 
 def test_default_devices_are_distinct_logical_cpus():
-  impl = PlacementMeshImpl("rows:2;cols:4", "")
+  impl = PlacementMeshImpl("rows:2;cols:4", "", share_replicas=False)
   assert impl.devices == _logical_cpus()[:8]
   assert len(set(impl.devices)) == 8
   x = impl.allconcat(_laid_out(impl, _slices()), 1, 0)
@@ -235,6 +235,34 @@ def test_default_devices_are_distinct_logical_cpus():
     placed = [tf.DeviceSpec.from_string(t.device) for t in laid_out.tensor_list]
     assert [(d.device_type, d.device_index) for d in placed] == [
         ("CPU", p) for p in range(8)]
+
+
+def test_replicas_are_shared_by_default_on_one_hosts_cpus():
+  assert PlacementMeshImpl("rows:2;cols:4", "").share_replicas
+  gpus = [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(8)]
+  assert not PlacementMeshImpl("rows:2;cols:4", "", gpus).share_replicas
+  two_tasks = [f"/job:worker/task:{i // 4}/device:CPU:{i % 4}"
+               for i in range(8)]
+  assert not PlacementMeshImpl("rows:2;cols:4", "",
+                               two_tasks).share_replicas
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_shared_replicas_are_computed_once(share):
+  """After an allconcat over cols, the 4 members of each row hold the same
+  slice: shared, it is one tensor per row, and so is what is computed from
+  it; the values are those of the unshared run either way."""
+  impl = PlacementMeshImpl("rows:2;cols:4", "", share_replicas=share)
+  x = impl.allconcat(_laid_out(impl, _slices()), 1, 0)
+  y = impl.slicewise(lambda s: s * 2.0, x)
+  total = impl.allreduce(y, [0], "SUM")  # Rows hold different values.
+  distinct = lambda t: len({id(s) for s in t.tensor_list})
+  assert (distinct(x), distinct(y), distinct(total)) == (
+      (2, 2, 1) if share else (8, 8, 8))
+  expected = 2.0 * (np.concatenate(_slices()[0:4]) +
+                    np.concatenate(_slices()[4:8]))
+  for s in total.tensor_list:
+    np.testing.assert_allclose(np.asarray(s), expected)
 
 
 def test_fewer_devices_than_processors_cycles_with_warning(caplog):

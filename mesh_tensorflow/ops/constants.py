@@ -155,10 +155,11 @@ class Constant(graph_lib.Operation):
     slice_shape = impl.slice_shape(shape)
     if self._value.ndim == 0:
       value = self._value
+      # No per-processor argument: every slice is the same, and a mesh
+      # implementation that shares replicas makes it once.
       y = impl.slicewise(
-          lambda _: tf.fill(slice_shape, tf.constant(value, dtype=dtype))
-          if slice_shape else tf.constant(value, dtype=dtype),
-          impl.laid_out_pnum())
+          lambda: tf.fill(slice_shape, tf.constant(value, dtype=dtype))
+          if slice_shape else tf.constant(value, dtype=dtype))
     else:
       y = impl.import_tf_tensor(self._outputs[0],
                                 tf.constant(self._value, dtype=dtype))
