@@ -174,7 +174,7 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement"):
       with tf.control_dependencies([o for o in ops if o is not None]):
         return tf.identity(lowering.export_to_tf_tensor(loss))
 
-  @tf.function
+  @tf.function(autograph=False)  # No Python control flow on tensors.
   def step(targets):
     if impl == "simd":
       # One traced program, run on every device.

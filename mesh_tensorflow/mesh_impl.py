@@ -512,15 +512,15 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     """
     raise self._not_implemented("random")
 
-  def _random_sampler(self, shape, tf_fn, kwargs):
+  def _random_sampler(self, shape, tf_fn, kwargs, whole=False):
     """A function of `begin` (ints, or scalar integer tensors in an SPMD
     program) giving the slice of `random(shape, tf_fn, kwargs)` that starts
-    there."""
+    there (the whole tensor, from begin 0, with `whole`)."""
     shape = shape_lib.convert_to_shape(shape)
     distribution, seed, dtype, params = stateless_random.parse_tf_fn(
         tf_fn, kwargs, f"{type(self).__name__}.random")
     full_shape = shape.to_integer_list
-    slice_shape = self.slice_shape(shape)
+    slice_shape = full_shape if whole else self.slice_shape(shape)
 
     compiled = stateless_random.compiled_sampler(
         distribution, full_shape, slice_shape, dtype=dtype, **params)

@@ -26,6 +26,7 @@ from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import placement_collectives
 from mesh_tensorflow import placement_variables
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import stateless_uniform
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
 LaidOutVariable = placement_variables.LaidOutVariable
@@ -312,17 +313,28 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
   # ------------------------------------------------------------- random
 
   def random(self, shape, tf_fn, kwargs):
-    """Each processor computes its own slice (see MeshImpl.random)."""
+    """Each processor computes its own slice (see MeshImpl.random); with
+    shared replicas a small tensor is drawn once, whole, and sliced."""
     shape = shape_lib.convert_to_shape(shape)
-    sample = self._random_sampler(shape, tf_fn, kwargs)
+    sources = self.replica_sources(shape)
+    whole = None
+    if (self._share_replicas and len(set(sources)) > 1 and
+        shape.size <= stateless_uniform.WHOLE_TENSOR_ELEMENTS):
+      with tf.device(self._devices[0]):
+        whole = self._random_sampler(shape, tf_fn, kwargs, whole=True)(
+            [0] * shape.ndims)
+    else:
+      sample = self._random_sampler(shape, tf_fn, kwargs)
+    slice_shape = self.slice_shape(shape)
     out = []
     for pnum, device in enumerate(self._devices):
-      source = self.replica_sources(shape)[pnum]
-      if source != pnum:
-        out.append(out[source])
+      if sources[pnum] != pnum:
+        out.append(out[sources[pnum]])
         continue
+      begin = self.slice_begin(shape, pnum)
       with tf.device(device):
-        out.append(sample(self.slice_begin(shape, pnum)))
+        out.append(sample(begin) if whole is None else
+                   tf.slice(whole, begin, slice_shape))
     return LaidOutTensor(out)
 
   # ---------------------------------------------------------- variables

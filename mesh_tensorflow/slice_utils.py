@@ -21,12 +21,15 @@ def transpose_to(x, old_shape, new_shape):
   return tf.transpose(x, perm)
 
 
-def expand_to(x, old_shape, new_shape):
+def expand_to(x, old_shape, new_shape, leading_ones=True):
   """Lines slice `x` of `old_shape` up with `new_shape` for broadcasting.
 
   The dimensions of `old_shape` (a subset of `new_shape`'s) are put in the
   order of `new_shape` and size-1 axes are inserted for the others, so that
-  TensorFlow broadcasting against a slice of `new_shape` is correct.
+  TensorFlow broadcasting against a slice of `new_shape` is correct. With
+  `leading_ones=False` none are inserted in front (broadcasting adds them),
+  which saves a reshape when x's dimensions end `new_shape`; the result
+  then has lower rank.
   """
   new_names = new_shape.dimension_names
   missing = [n for n in old_shape.dimension_names if n not in new_names]
@@ -40,6 +43,12 @@ def expand_to(x, old_shape, new_shape):
     return x
   slice_sizes = dict(zip(ordered.dimension_names, x.shape.as_list()))
   target = [slice_sizes.get(name, 1) for name in new_names]
+  if not leading_ones:
+    first = new_names.index(ordered.dimension_names[0]) if ordered else len(
+        new_names)
+    target = target[first:]
+    if len(target) == len(ordered):
+      return x
   return tf.reshape(x, target)
 
 

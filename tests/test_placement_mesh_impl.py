@@ -265,6 +265,23 @@ def test_shared_replicas_are_computed_once(share):
     np.testing.assert_allclose(np.asarray(s), expected)
 
 
+@pytest.mark.parametrize("dims", [[("a", 4), ("b", 6)], [("a", 1024),
+                                                       ("b", 512)]])
+def test_shared_replicas_draw_the_same_random_slices(dims):
+  """Small tensors are drawn once whole and sliced, large ones per slice:
+  the slices are those of the unshared implementation."""
+  shape = mtf.Shape([mtf.Dimension(n, s) for n, s in dims])
+  draws = []
+  for share in (True, False):
+    impl = PlacementMeshImpl("rows:2;cols:4", "a:rows", share_replicas=share)
+    laid_out = impl.random(shape, tf.random.uniform, {"seed": 3})
+    draws.append([np.asarray(t) for t in laid_out.tensor_list])
+    if share:
+      assert len({id(t) for t in laid_out.tensor_list}) == 2
+  for shared, own in zip(*draws):
+    np.testing.assert_array_equal(shared, own)
+
+
 def test_fewer_devices_than_processors_cycles_with_warning(caplog):
   with caplog.at_level(logging.WARNING):
     impl = PlacementMeshImpl("all:16", "")

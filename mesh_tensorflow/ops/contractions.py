@@ -94,7 +94,8 @@ class EinsumOperation(graph_lib.Operation):
       def fn(*slices):
         product = None
         for s, shape in zip(slices, input_shapes):
-          s = slice_utils.expand_to(s, shape, full)
+          # Some input has full's first dimension: the product has full rank.
+          s = slice_utils.expand_to(s, shape, full, leading_ones=False)
           product = s if product is None else product * s
         return slice_utils.reduce_to(product, full, intersection)
 
