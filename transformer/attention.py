@@ -80,7 +80,15 @@ def attention(q,
   if float32_logits:
     q = mtf.cast(q, tf.float32)
     k = mtf.cast(k, tf.float32)
-  logits = mtf.layers.us_einsum([q, k], _logits_shape(q, k, key_dim))
+  # q, k and v in the logits' order, channels last: every product of
+  # attention and of its gradient is then a batched matmul of contiguous
+  # blocks (one small transpose each, instead of TF's einsum transposing
+  # operands inside every product; 7% of the tiny model's step).
+  logits_shape = _logits_shape(q, k, key_dim)
+  q = _to_shape(q, _natural(q, logits_shape, key_dim))
+  k = _to_shape(k, _natural(k, logits_shape, key_dim))
+  v = _to_shape(v, _natural(v, logits_shape, value_dim))
+  logits = mtf.layers.us_einsum([q, k], logits_shape)
   if bias is not None:
     logits += mtf.cast(bias, logits.dtype)
   weights = mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit)
@@ -104,6 +112,13 @@ def _logits_shape(q, k, key_dim):
   q_own = [d for d in q.shape.dims if d not in k.shape.dims]
   k_own = [d for d in k.shape.dims if d not in q.shape.dims]
   return mtf.Shape(shared + q_own + k_own)
+
+
+def _natural(x, logits_shape, channel_dim):
+  """x's dimensions in the logits' order, its channel dimension last."""
+  first = [d for d in logits_shape.dims if d in x.shape.dims]
+  rest = [d for d in x.shape.dims if d not in first and d != channel_dim]
+  return mtf.Shape(first + rest + [channel_dim])
 
 
 def _outputs_shape(weights, shape):
