@@ -163,20 +163,19 @@ class Synthesizer(self_attention_layers.SelfAttention):
       fold_scaling_into_initializer: a boolean.
       **kwargs: further SelfAttention parameters.
     """
-    super().__init__(**kwargs)
-    self.num_heads = num_heads
-    self.num_memory_heads = num_memory_heads
-    self.key_value_size = key_value_size
-    self.shared_kv = shared_kv
-    self.dropout_rate = dropout_rate
-    self.attention_kwargs = attention_kwargs or {}
-    self.relative_attention_type = relative_attention_type
-    self.relative_attention_num_buckets = relative_attention_num_buckets
+    super().__init__(
+        num_heads=num_heads, num_memory_heads=num_memory_heads,
+        key_value_size=key_value_size, shared_kv=shared_kv,
+        dropout_rate=dropout_rate, attention_kwargs=attention_kwargs,
+        relative_attention_type=relative_attention_type,
+        relative_attention_num_buckets=relative_attention_num_buckets,
+        combine_dims=combine_dims,
+        keep_query_heads_dims=keep_query_heads_dims,
+        fold_scaling_into_initializer=fold_scaling_into_initializer,
+        **kwargs)
+    # Unused, so any value is kept (SelfAttention accepts None or "hybrid").
     self.attention_func = attention_func
-    self.combine_dims = combine_dims
-    self.keep_query_heads_dims = keep_query_heads_dims
     self.synthesize_mode = synthesize_mode
-    self.fold_scaling_into_initializer = fold_scaling_into_initializer
     # Mixed modes keep queries, keys and values; "minus" modes keep the
     # queries and share one projection for keys and values; the purely
     # synthetic ones need neither queries nor keys.

@@ -6,17 +6,15 @@ the original's names). See `experts_attention_params` for the computation.
 
 import gin
 
-import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import moe
 from mesh_tensorflow.transformer import experts_attention_params
-from mesh_tensorflow.transformer.self_attention_layers import enc_dec_attention
-from mesh_tensorflow.transformer.self_attention_layers import SelfAttention
+from mesh_tensorflow.transformer import self_attention_layers
 
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
 
 
 @gin.configurable(module=_GIN_MODULE)
-class ExpertsSelfAttention(SelfAttention):
+class ExpertsSelfAttention(self_attention_layers.SelfAttention):
   """Self-attention whose projections are computed by a mixture of experts.
 
   Takes SelfAttention's arguments (**kwargs; shared_kv defaults to True,
@@ -75,37 +73,12 @@ class ExpertsSelfAttention(SelfAttention):
 
   def make_params(self, context):
     """The layer's ExpertsAttentionParams (heads as in SelfAttention)."""
-    num_heads = self.num_heads
-    num_memory_heads = self.num_memory_heads
-    if num_heads == 1:
-      query_heads_dims = memory_heads_dims = None
-    elif num_memory_heads == 0:
-      query_heads_dims = [mtf.Dimension("heads", num_heads)]
-      memory_heads_dims = query_heads_dims
-    elif num_memory_heads == 1:
-      query_heads_dims = [mtf.Dimension("heads", num_heads)]
-      memory_heads_dims = None
-    else:
-      if num_heads % num_memory_heads:
-        raise ValueError(
-            f"{type(self).__name__}: num_memory_heads={num_memory_heads} "
-            f"must divide num_heads={num_heads}")
-      memory_heads_dims = [mtf.Dimension("heads", num_memory_heads)]
-      query_heads_dims = memory_heads_dims + [
-          mtf.Dimension("query_heads", num_heads // num_memory_heads)]
-    return experts_attention_params.ExpertsAttentionParams(
-        context.mesh,
-        query_input_dim=context.model.model_dim,
-        memory_input_dim=context.model.model_dim,
-        output_dim=context.model.model_dim,
-        key_dim=self.kv_dim,
-        value_dim=self.kv_dim,
-        query_heads_dims=query_heads_dims,
-        memory_heads_dims=memory_heads_dims,
-        variable_dtype=context.variable_dtype,
+    # pylint: disable=protected-access
+    return self_attention_layers._attention_params(
+        experts_attention_params.ExpertsAttentionParams, type(self).__name__,
+        context, self.kv_dim, self.num_heads, self.num_memory_heads,
         shared_kv=self.shared_kv,
         no_query=False,
-        ensemble_dim=getattr(context.model, "ensemble_dim", None),
         combine_dims=self.combine_dims,
         keep_query_heads_dims=self.keep_query_heads_dims,
         fold_scaling_into_initializer=self.fold_scaling_into_initializer,
@@ -134,6 +107,6 @@ class ExpertsEncDecAttention(ExpertsSelfAttention):
 
   def call(self, context, x, losses=None):
     """Attends from x to the encoder output."""
-    return enc_dec_attention(self, self._get_memory_antecedent(context),
-                             context, x, losses,
-                             attention_fn=self.attention_fn)
+    return self_attention_layers.enc_dec_attention(
+        self, self._get_memory_antecedent(context), context, x, losses,
+        attention_fn=self.attention_fn)

@@ -89,6 +89,24 @@ def attention_params(context,
   Returns:
     an attention.AttentionParams.
   """
+  return _attention_params(
+      attention.AttentionParams, "attention_params", context, kv_dim,
+      num_heads, num_memory_heads,
+      shared_kv=shared_kv,
+      no_query=no_query,
+      combine_dims=combine_dims,
+      keep_query_heads_dims=keep_query_heads_dims,
+      fold_scaling_into_initializer=fold_scaling_into_initializer)
+
+
+def _attention_params(params_class, caller, context, kv_dim, num_heads,
+                      num_memory_heads, /, **kwargs):
+  """`params_class` (AttentionParams or a subclass) with the heads of
+  `attention_params`, d_model in and out and `kv_dim` keys and values.
+
+  `kwargs` go to its constructor (positional-only arguments leave room for
+  ExpertsAttentionParams' own `context`); `caller` names it in errors.
+  """
   if num_heads == 1:
     query_heads_dims = None
     memory_heads_dims = None
@@ -101,12 +119,12 @@ def attention_params(context,
   else:
     if num_heads % num_memory_heads != 0:
       raise ValueError(
-          f"attention_params: num_memory_heads={num_memory_heads} must "
+          f"{caller}: num_memory_heads={num_memory_heads} must "
           f"divide num_heads={num_heads}")
     memory_heads_dims = [mtf.Dimension("heads", num_memory_heads)]
     query_heads_dims = memory_heads_dims + [
         mtf.Dimension("query_heads", num_heads // num_memory_heads)]
-  return attention.AttentionParams(
+  return params_class(
       context.mesh,
       query_input_dim=context.model.model_dim,
       memory_input_dim=context.model.model_dim,
@@ -116,12 +134,8 @@ def attention_params(context,
       query_heads_dims=query_heads_dims,
       memory_heads_dims=memory_heads_dims,
       variable_dtype=context.variable_dtype,
-      shared_kv=shared_kv,
-      no_query=no_query,
       ensemble_dim=_ensemble_dim(context),
-      combine_dims=combine_dims,
-      keep_query_heads_dims=keep_query_heads_dims,
-      fold_scaling_into_initializer=fold_scaling_into_initializer)
+      **kwargs)
 
 
 @gin.configurable(module=_GIN_MODULE)
