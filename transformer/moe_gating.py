@@ -288,24 +288,15 @@ def _switch_select(gate_logits, raw_gates, experts_dim, policy, hparams,
                    "'input_jitter'.")
 
 
-def _switch_router(inputs, outer_expert_dims, experts_dim, hparams, train,
-                   variable_dtype, importance, name, num_microbatches):
-  """Shared by the Switch variants: (raw_gates, gate, index, mask, loss).
+def _switch_balance_loss(raw_gates, gate_logits, mask, gate, experts_dim,
+                         group_size_dim, hparams, train, importance, name,
+                         num_microbatches):
+  """The Switch balance loss (with the z-loss): (mask, gate, loss).
 
-  `mask` ([.., group, experts]) and `gate` are zero for tokens of
-  importance below 1.0. The balance loss counts every token in the
-  density (as the original did) and only real tokens in its proxy.
+  `mask` and `gate` come back zero for tokens of importance below 1.0. The
+  loss counts every token in the density (as the original did) and only
+  real tokens in its proxy; over a "k" dimension in `mask`, it is averaged.
   """
-  policy = _policy(hparams, train, "moe_switch_policy")
-  gate_inputs = _perturb_gate_inputs(mtf.to_float(inputs), policy, train,
-                                     hparams)
-  gate_logits = _router_logits(gate_inputs, experts_dim, outer_expert_dims,
-                               variable_dtype, name)
-  raw_gates = mtf.softmax(gate_logits, reduced_dim=experts_dim)
-  gate, index = _switch_select(gate_logits, raw_gates, experts_dim, policy,
-                               hparams, name)
-  mask = mtf.one_hot(index, experts_dim, dtype=tf.float32)
-  group_size_dim = inputs.shape.dims[-2]
   density = mtf.reduce_mean(mask, reduced_dim=group_size_dim)
   proxy_gates = raw_gates
   if importance is not None:
@@ -321,6 +312,28 @@ def _switch_router(inputs, outer_expert_dims, experts_dim, hparams, train,
                      num_microbatches, importance, name)
   if train:
     _summarize(name, raw_gates, experts_dim, loss, [("", mask)])
+  return mask, gate, loss
+
+
+def _switch_router(inputs, outer_expert_dims, experts_dim, hparams, train,
+                   variable_dtype, importance, name, num_microbatches):
+  """Shared by the Switch variants: (raw_gates, gate, index, mask, loss).
+
+  `mask` ([.., group, experts]) and `gate` are zero for tokens of
+  importance below 1.0 (see `_switch_balance_loss`).
+  """
+  policy = _policy(hparams, train, "moe_switch_policy")
+  gate_inputs = _perturb_gate_inputs(mtf.to_float(inputs), policy, train,
+                                     hparams)
+  gate_logits = _router_logits(gate_inputs, experts_dim, outer_expert_dims,
+                               variable_dtype, name)
+  raw_gates = mtf.softmax(gate_logits, reduced_dim=experts_dim)
+  gate, index = _switch_select(gate_logits, raw_gates, experts_dim, policy,
+                               hparams, name)
+  mask = mtf.one_hot(index, experts_dim, dtype=tf.float32)
+  mask, gate, loss = _switch_balance_loss(
+      raw_gates, gate_logits, mask, gate, experts_dim, inputs.shape.dims[-2],
+      hparams, train, importance, name, num_microbatches)
   return raw_gates, gate, index, mask, loss
 
 
@@ -398,21 +411,9 @@ def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim,
   gates, indices = mtf.top_k(raw_gates, reduced_dim=experts_dim, k_dim=k_dim)
   masks = mtf.one_hot(indices, experts_dim, dtype=tf.float32)
   group_size_dim = inputs.shape.dims[-2]
-  density = mtf.reduce_mean(masks, reduced_dim=group_size_dim)
-  proxy_gates = raw_gates
-  if importance is not None:
-    full = _float_mask(mtf.equal(importance, 1.0))
-    masks *= full
-    gates *= full
-    proxy_gates *= full
-  density_proxy = mtf.reduce_mean(proxy_gates, reduced_dim=group_size_dim)
-  loss = (mtf.reduce_mean(density * density_proxy)
-          * float(experts_dim.size * experts_dim.size))
-  loss = _divide_by_microbatches(loss, num_microbatches)
-  loss = _add_z_loss(loss, gate_logits, experts_dim, hparams, train,
-                     num_microbatches, importance, name)
-  if train:
-    _summarize(name, raw_gates, experts_dim, loss, [("", masks)])
+  masks, gates, loss = _switch_balance_loss(
+      raw_gates, gate_logits, masks, gates, experts_dim, group_size_dim,
+      hparams, train, importance, name, num_microbatches)
 
   capacity = float(expert_capacity_dim.size)
   batch_dims = inputs.shape.dims[:-2]

@@ -72,14 +72,8 @@ class FactorizedVocabEmbedding:
   https://arxiv.org/abs/1909.11942). Variables f"{name}1" and f"{name}2",
   both N(0, inner ** -0.5)."""
 
-  def __init__(self,
-               mesh,
-               vocab_dim,
-               output_dim,
-               variable_dtype,
-               name,
-               ensemble_dim,
-               inner_dimension_size=gin.REQUIRED):
+  def __init__(self, mesh, vocab_dim, output_dim, variable_dtype, name,
+               ensemble_dim, inner_dimension_size=gin.REQUIRED):
     """Creates the two factors.
 
     Args:
@@ -153,14 +147,8 @@ class AdaptiveVocabEmbedding:
   `FactorizedVocabEmbedding`s of that inner size.
   """
 
-  def __init__(self,
-               mesh,
-               vocab_dim,
-               output_dim,
-               variable_dtype,
-               name,
-               ensemble_dim,
-               clusters=gin.REQUIRED):
+  def __init__(self, mesh, vocab_dim, output_dim, variable_dtype, name,
+               ensemble_dim, clusters=gin.REQUIRED):
     """Creates one embedding per cluster.
 
     Args:
@@ -208,8 +196,49 @@ class AdaptiveVocabEmbedding:
                          self._vocab_dim.name)
 
 
+class _ContextMixture:
+  """What MixtureOfSoftmaxes and Mixtape share: a plain table
+  f"{name}_embedding_weights" for the ids, and logits of per-component
+  context vectors tanh(hidden . f"{name}_context_weights"[c]) . table."""
+
+  def _create_table(self, mesh, vocab_dim, output_dim, variable_dtype, name,
+                    lead):
+    """Sets the dimensions and creates the embedding table."""
+    self._vocab_dim = vocab_dim
+    self._output_dim = output_dim
+    self._copy_output_dim = mtf.Dimension(f"_{output_dim.name}_copy",
+                                          output_dim.size)
+    self._embedding_weights = _variable(
+        mesh, f"{name}_embedding_weights", lead + [vocab_dim, output_dim],
+        variable_dtype)
+
+  def _create_context_weights(self, mesh, name, lead, components_dim,
+                              variable_dtype):
+    """Creates f"{name}_context_weights": [components, d_model, d_model]."""
+    self._context_weights = _variable(
+        mesh, f"{name}_context_weights",
+        lead + [components_dim, self._copy_output_dim, self._output_dim],
+        variable_dtype)
+
+  def ids_to_embedding(self, ids, context):
+    del context
+    return mtf.gather(self._embedding_weights, ids, self._vocab_dim)
+
+  def _component_logits(self, hidden, bias=None):
+    """[..., components, vocab] logits of (scaled) hidden states; `bias`
+    is added to the context vectors before the tanh."""
+    contexts = mtf.einsum(
+        [mtf.rename_dimension(hidden, self._output_dim.name,
+                              self._copy_output_dim.name),
+         self._context_weights], reduced_dims=[self._copy_output_dim])
+    if bias is not None:
+      contexts += bias
+    return mtf.einsum([mtf.tanh(contexts), self._embedding_weights],
+                      reduced_dims=[self._output_dim])
+
+
 @gin.configurable(module=_GIN_MODULE)
-class MixtureOfSoftmaxes:
+class MixtureOfSoftmaxes(_ContextMixture):
   """Token probabilities as a weighted mixture of several softmaxes, which
   lifts the softmax's rank bottleneck (https://arxiv.org/abs/1711.03953).
 
@@ -219,14 +248,8 @@ class MixtureOfSoftmaxes:
   softmax_c over tanh(hidden . f"{name}_context_weights"[c]) . table.
   """
 
-  def __init__(self,
-               mesh,
-               vocab_dim,
-               output_dim,
-               variable_dtype,
-               name,
-               ensemble_dim,
-               num_softmaxes=gin.REQUIRED):
+  def __init__(self, mesh, vocab_dim, output_dim, variable_dtype, name,
+               ensemble_dim, num_softmaxes=gin.REQUIRED):
     """Creates the variables.
 
     Args:
@@ -236,26 +259,14 @@ class MixtureOfSoftmaxes:
     """
     if num_softmaxes is gin.REQUIRED:
       raise ValueError("MixtureOfSoftmaxes needs num_softmaxes.")
-    self._vocab_dim = vocab_dim
-    self._output_dim = output_dim
-    self._copy_output_dim = mtf.Dimension(f"_{output_dim.name}_copy",
-                                          output_dim.size)
     self._components_dim = mtf.Dimension("softmax_components", num_softmaxes)
     lead = _leading_dims(ensemble_dim)
-    self._embedding_weights = _variable(
-        mesh, f"{name}_embedding_weights", lead + [vocab_dim, output_dim],
-        variable_dtype)
+    self._create_table(mesh, vocab_dim, output_dim, variable_dtype, name, lead)
     self._mixture_weights = _variable(
         mesh, f"{name}_mixture_weights",
         lead + [self._components_dim, output_dim], variable_dtype)
-    self._context_weights = _variable(
-        mesh, f"{name}_context_weights",
-        lead + [self._components_dim, self._copy_output_dim, output_dim],
-        variable_dtype)
-
-  def ids_to_embedding(self, ids, context):
-    del context
-    return mtf.gather(self._embedding_weights, ids, self._vocab_dim)
+    self._create_context_weights(mesh, name, lead, self._components_dim,
+                                 variable_dtype)
 
   def hidden_to_logits(self, hidden, context):
     """Log-probabilities of the mixture (a softmax of them gives the
@@ -264,12 +275,7 @@ class MixtureOfSoftmaxes:
     hidden *= self._output_dim.size ** -0.5
     prior_logits = mtf.einsum([hidden, self._mixture_weights],
                               reduced_dims=[self._output_dim])
-    contexts = mtf.tanh(mtf.einsum(
-        [mtf.rename_dimension(hidden, self._output_dim.name,
-                              self._copy_output_dim.name),
-         self._context_weights], reduced_dims=[self._copy_output_dim]))
-    component_logits = mtf.einsum([contexts, self._embedding_weights],
-                                  reduced_dims=[self._output_dim])
+    component_logits = self._component_logits(hidden)
     log_prior = mtf.log_softmax(prior_logits,
                                 reduced_dim=self._components_dim)
     log_components = mtf.log_softmax(component_logits,
@@ -279,7 +285,7 @@ class MixtureOfSoftmaxes:
 
 
 @gin.configurable(module=_GIN_MODULE)
-class Mixtape:
+class Mixtape(_ContextMixture):
   """Mixtape logits (https://papers.nips.cc/paper/9723): four context
   vectors per position, mixed per token by gates from a sigmoid tree;
   the rare tokens share one set of gates.
@@ -289,18 +295,10 @@ class Mixtape:
   are computed with them first and then moved to the end.
   """
 
-  def __init__(self,
-               mesh,
-               vocab_dim,
-               output_dim,
-               variable_dtype,
-               name,
-               ensemble_dim,
-               extra_ids=0,
-               dropout_rate=0.0,
+  def __init__(self, mesh, vocab_dim, output_dim, variable_dtype, name,
+               ensemble_dim, extra_ids=0, dropout_rate=0.0,
                gate_embedding_size=gin.REQUIRED,
-               frequent_token_fraction=0.1,
-               noise_std_dev=0.0):
+               frequent_token_fraction=0.1, noise_std_dev=0.0):
     """Creates the variables.
 
     Args:
@@ -320,26 +318,18 @@ class Mixtape:
     self._dropout_rate = dropout_rate
     self._noise_std_dev = noise_std_dev
     self._mesh = mesh
-    self._vocab_dim = vocab_dim
     self._frequent_vocab_dim = mtf.Dimension(
         vocab_dim.name, int(frequent_token_fraction * vocab_dim.size))
     self._rare_vocab_dim = mtf.Dimension(
         vocab_dim.name, vocab_dim.size - self._frequent_vocab_dim.size)
-    self._output_dim = output_dim
-    self._copy_output_dim = mtf.Dimension(f"_{output_dim.name}_copy",
-                                          output_dim.size)
     self._pre_gates_dim = mtf.Dimension("gates", 3)
     self._gates_dim = mtf.Dimension("gates", 4)
     self._gate_embedding_dim = mtf.Dimension("gate_embedding",
                                              gate_embedding_size)
     lead = _leading_dims(ensemble_dim)
-    self._embedding_weights = _variable(
-        mesh, f"{name}_embedding_weights", lead + [vocab_dim, output_dim],
-        variable_dtype)
-    self._context_weights = _variable(
-        mesh, f"{name}_context_weights",
-        lead + [self._gates_dim, self._copy_output_dim, output_dim],
-        variable_dtype)
+    self._create_table(mesh, vocab_dim, output_dim, variable_dtype, name, lead)
+    self._create_context_weights(mesh, name, lead, self._gates_dim,
+                                 variable_dtype)
     self._context_weights_bias = _variable(
         mesh, f"{name}_context_weights_bias",
         lead + [self._gates_dim, output_dim], variable_dtype, zeros=True)
@@ -362,10 +352,6 @@ class Mixtape:
         mesh, f"{name}_prior_bias",
         lead + [self._frequent_vocab_dim, self._pre_gates_dim],
         variable_dtype)
-
-  def ids_to_embedding(self, ids, context):
-    del context
-    return mtf.gather(self._embedding_weights, ids, self._vocab_dim)
 
   def _sigmoid_tree(self, tensor):
     """Four gate probabilities from three sigmoids (a depth-2 tree)."""
@@ -401,13 +387,8 @@ class Mixtape:
   def hidden_to_logits(self, hidden, context):
     """The logits [..., vocab] of hidden states [..., d_model]."""
     hidden *= self._output_dim.size ** -0.5
-    contexts = mtf.tanh(mtf.einsum(
-        [mtf.rename_dimension(hidden, self._output_dim.name,
-                              self._copy_output_dim.name),
-         self._context_weights], reduced_dims=[self._copy_output_dim]) +
-                        self._context_weights_bias)
-    component_logits = mtf.einsum([contexts, self._embedding_weights],
-                                  reduced_dims=[self._output_dim])
+    component_logits = self._component_logits(hidden,
+                                              self._context_weights_bias)
     component_logits = self._dropout(component_logits, context)
 
     prior_tanh = mtf.tanh(
