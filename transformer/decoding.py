@@ -5,8 +5,9 @@ that layers record their decoding states (e.g. the keys and values of self
 attention) and constant states, then decode one position per step in
 "incremental" mode inside an `mtf.while_loop` (sampling) or
 `mtf.beam_search.beam_search`, each step reading and writing the states.
+`sample_autoregressive` and `beam_search` here are the methods
 `Unitransformer.sample_autoregressive` and `Unitransformer.beam_search`
-call these functions.
+(the class takes them as they are; `self` is the Unitransformer).
 """
 
 import mesh_tensorflow as mtf
@@ -14,8 +15,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.transformer import transformer
 
-# These functions are the Unitransformer's methods: they call its
-# _call_internal.
+# These functions are the Unitransformer's methods and its helpers: they
+# call its _call_internal.
 # pylint: disable=protected-access
 
 
@@ -28,44 +29,54 @@ def _priorities(model, length_range, initial_position):
   return length_range
 
 
-def _first_part(model, inputs, batch_dims, length_dim, variable_dtype,
-                initial_position, sequence_id, priority, encoder_output,
-                encoder_sequence_id, encoder_inputs, shared_params,
-                encoder_layer_outputs):
-  """Runs the prefix through the model; returns the first-part Context."""
-  context = transformer.Context(
+def _context_args(model, inputs, variable_dtype, encoder_output,
+                  encoder_sequence_id, encoder_inputs, shared_params,
+                  encoder_layer_outputs):
+  """The Context arguments shared by every pass of one decoding (a dict).
+
+  The batch dimensions are all of `inputs`' but the last, "length" (with
+  beam search, the beam is one of them).
+  """
+  return dict(
       model=model,
       mesh=inputs.mesh,
-      batch_dims=batch_dims,
-      length_dim=length_dim,
+      batch_dims=inputs.shape.dims[:-1],
+      length_dim=inputs.shape.dims[-1],
       variable_dtype=variable_dtype,
+      sequence_id=1 if encoder_sequence_id is not None else None,
+      encoder_output=encoder_output,
+      encoder_sequence_id=encoder_sequence_id,
+      shared_params=shared_params,
+      encoder_layer_outputs=encoder_layer_outputs,
+      encoder_inputs=encoder_inputs)
+
+
+def _first_part(context_args, inputs, initial_position, priority):
+  """Runs the prefix through the model; returns the first-part Context."""
+  model = context_args["model"]
+  length_dim = context_args["length_dim"]
+  context = transformer.Context(
       mode=transformer.FIRST_PART,
       position=mtf.range(inputs.mesh, length_dim, tf.int32),
       position_is_default=True,
       new_states=[],
       initial_position=initial_position,
-      sequence_id=sequence_id,
-      encoder_output=encoder_output,
-      encoder_sequence_id=encoder_sequence_id,
       constant_states=[],
-      shared_params=shared_params,
-      encoder_layer_outputs=encoder_layer_outputs,
       write_priority=priority,
       read_priority=priority,
       inputs=inputs,
-      encoder_inputs=encoder_inputs)
+      **context_args)
   shifted_inputs = mtf.shift(inputs, offset=1, dim=length_dim, wrap=False)
   with tf.compat.v1.variable_scope(model.name):
     model._call_internal(context, shifted_inputs)
   return context
 
 
-def _incremental_logits(model, ids, position, states, batch_dims, length_dim,
-                        variable_dtype, sequence_id, write_priority,
-                        constant_states, encoder_output, encoder_sequence_id,
-                        encoder_inputs, shared_params, encoder_layer_outputs,
-                        bos_id):
+def _incremental_logits(context_args, ids, position, states, write_priority,
+                        constant_states, bos_id):
   """Logits of one decoding step at `position`; (logits, new states)."""
+  model = context_args["model"]
+  length_dim = context_args["length_dim"]
   # The id before `position`; 0 at position 0 (there is no index -1).
   inputs_this_step = mtf.gather(ids, mtf.maximum(position - 1, 0),
                                 length_dim) * mtf.to_int32(
@@ -75,31 +86,21 @@ def _incremental_logits(model, ids, position, states, batch_dims, length_dim,
     inputs_this_step += bos_id * mtf.ones_like(inputs_this_step) * mtf.cast(
         mtf.equal(position, 0), tf.int32)
   context = transformer.Context(
-      model=model,
-      mesh=ids.mesh,
-      batch_dims=batch_dims,
-      length_dim=length_dim,
-      variable_dtype=variable_dtype,
       mode=transformer.INCREMENTAL,
       position=position,
       states=states,
       new_states=[],
-      sequence_id=sequence_id,
-      encoder_output=encoder_output,
-      encoder_sequence_id=encoder_sequence_id,
       constant_states=constant_states,
-      shared_params=shared_params,
-      encoder_layer_outputs=encoder_layer_outputs,
       write_priority=write_priority,
       read_priority=position,
       inputs=inputs_this_step,
-      encoder_inputs=encoder_inputs)
+      **context_args)
   with tf.compat.v1.variable_scope(model.name, reuse=True):
     logits = model._call_internal(context, inputs_this_step)
   return logits, context.new_states
 
 
-def sample_autoregressive(model,
+def sample_autoregressive(self,
                           partial_sequences,
                           stop_at_token=1,
                           max_steps=None,
@@ -122,7 +123,7 @@ def sample_autoregressive(model,
   has_partial_sequences=False (the first-part states are then zeros).
 
   Args:
-    model: an autoregressive Unitransformer.
+    self: an autoregressive Unitransformer.
     partial_sequences: an int32 Tensor [<batch_dims>, length_dim].
     stop_at_token: an optional integer: a row is done once it produced this
       id (beyond those in its prefix); None runs to the end.
@@ -149,24 +150,22 @@ def sample_autoregressive(model,
     ValueError: the model is not autoregressive, or sampling_keep_top_k is
       neither -1 nor positive.
   """
-  if not model.autoregressive:
-    raise ValueError(f"sample_autoregressive: model {model.name!r} is not "
+  if not self.autoregressive:
+    raise ValueError(f"sample_autoregressive: model {self.name!r} is not "
                      "autoregressive.")
   if sampling_keep_top_k != -1 and sampling_keep_top_k <= 0:
     raise ValueError("sample_autoregressive: sampling_keep_top_k must be -1 "
                      f"or positive, got {sampling_keep_top_k}.")
   inputs = partial_sequences
-  batch_dims = inputs.shape.dims[:-1]
   length_dim = inputs.shape.dims[-1]
   initial_position = mtf.reduce_sum(
       mtf.to_int32(mtf.not_equal(inputs, 0)), reduced_dim=length_dim)
-  sequence_id = 1 if encoder_sequence_id is not None else None
   length_range = mtf.range(inputs.mesh, length_dim, tf.int32)
-  write_priority = _priorities(model, length_range, initial_position)
-  first = _first_part(
-      model, inputs, batch_dims, length_dim, variable_dtype, initial_position,
-      sequence_id, write_priority, encoder_output, encoder_sequence_id,
+  write_priority = _priorities(self, length_range, initial_position)
+  context_args = _context_args(
+      self, inputs, variable_dtype, encoder_output, encoder_sequence_id,
       encoder_inputs, shared_params, encoder_layer_outputs)
+  first = _first_part(context_args, inputs, initial_position, write_priority)
   constant_states = first.constant_states
   prefix_eos_count = 0
   if has_partial_sequences:
@@ -194,24 +193,22 @@ def sample_autoregressive(model,
   def body_fn(position, ids, *states):
     """Decodes position `position` of every row."""
     logits, new_states = _incremental_logits(
-        model, ids, position, list(states), batch_dims, length_dim,
-        variable_dtype, sequence_id, write_priority, constant_states,
-        encoder_output, encoder_sequence_id, encoder_inputs, shared_params,
-        encoder_layer_outputs, bos_id)
+        context_args, ids, position, list(states), write_priority,
+        constant_states, bos_id)
     if never_end:
       logits += mtf.one_hot(
           mtf.constant(logits.mesh, stop_at_token, dtype=tf.int32),
-          model.output_vocab_dim, on_value=-1e9, off_value=0.0,
+          self.output_vocab_dim, on_value=-1e9, off_value=0.0,
           dtype=logits.dtype)
     # Top-k truncation comes before the temperature (for top-k the order
     # does not matter).
     if sampling_keep_top_k != -1:
       k_largest = mtf.nth_largest_element(
-          logits, n=sampling_keep_top_k, reduced_dim=model.output_vocab_dim)
+          logits, n=sampling_keep_top_k, reduced_dim=self.output_vocab_dim)
       logits = mtf.where(mtf.less_equal(logits, k_largest),
                          mtf.ones_like(logits) * -1e6, logits)
     ids_this_step = mtf.sample_with_temperature(
-        logits, model.output_vocab_dim, temperature)
+        logits, self.output_vocab_dim, temperature)
     new_ids = ids + ids_this_step * mtf.one_hot(
         position, length_dim, dtype=tf.int32)
     return [position + 1, new_ids] + list(new_states)
@@ -227,7 +224,7 @@ def sample_autoregressive(model,
   return outputs
 
 
-def beam_search(model,
+def beam_search(self,
                 inputs,
                 decode_length,
                 variable_dtype=mtf.VariableDType(tf.float32),
@@ -241,7 +238,7 @@ def beam_search(model,
   """Beam search from scratch; returns the best beam of each example.
 
   Args:
-    model: an autoregressive Unitransformer.
+    self: an autoregressive Unitransformer.
     inputs: an int32 Tensor of zeros [batch_dim, beam_dim, length_dim].
     decode_length: an int32 scalar Tensor, the most tokens to decode.
     variable_dtype: a mtf.VariableDType.
@@ -260,15 +257,15 @@ def beam_search(model,
     ValueError: the model is not autoregressive.
     NotImplementedError: several batch dimensions, or input_full_attention.
   """
-  if not model.autoregressive:
-    raise ValueError(f"beam_search: model {model.name!r} is not "
+  if not self.autoregressive:
+    raise ValueError(f"beam_search: model {self.name!r} is not "
                      "autoregressive.")
   batch_dims = inputs.shape.dims[:-2]
   if len(batch_dims) != 1:
     raise NotImplementedError(
         "beam_search supports exactly one batch dimension, inputs are "
         f"{inputs.shape}.")
-  if model.input_full_attention:
+  if self.input_full_attention:
     raise NotImplementedError(
         "beam_search of a model with input_full_attention (it needs given "
         "partial sequences).")
@@ -276,29 +273,25 @@ def beam_search(model,
   length_dim = inputs.shape.dims[-1]
   initial_position = mtf.reduce_sum(
       mtf.to_int32(mtf.not_equal(inputs, 0)), reduced_dim=length_dim)
-  sequence_id = 1 if encoder_sequence_id is not None else None
   write_priority = mtf.range(inputs.mesh, length_dim, tf.int32)
-  step_batch_dims = batch_dims + [beam_dim]
-  first = _first_part(
-      model, inputs, step_batch_dims, length_dim, variable_dtype,
-      initial_position, sequence_id, write_priority, encoder_output,
-      encoder_sequence_id, encoder_inputs, shared_params,
-      encoder_layer_outputs)
+  # Each step's batch is [batch_dim, beam_dim].
+  context_args = _context_args(
+      self, inputs, variable_dtype, encoder_output, encoder_sequence_id,
+      encoder_inputs, shared_params, encoder_layer_outputs)
+  first = _first_part(context_args, inputs, initial_position, write_priority)
   # There is no given prefix: the states start at zero.
   initial_states = [mtf.zeros_like(t) for t in first.new_states]
   constant_states = first.constant_states
 
   def logits_fn(step_num, ids, states):
     logits, new_states = _incremental_logits(
-        model, ids, step_num, states, step_batch_dims, length_dim,
-        variable_dtype, sequence_id, write_priority, constant_states,
-        encoder_output, encoder_sequence_id, encoder_inputs, shared_params,
-        encoder_layer_outputs, bos_id)
+        context_args, ids, step_num, states, write_priority,
+        constant_states, bos_id)
     return mtf.to_float(logits), new_states
 
   beams, _ = mtf.beam_search.beam_search(
       logits_fn, inputs, alpha, states=initial_states,
       decode_length=decode_length, use_tpu=True, dtype=tf.float32,
-      mesh_shape=model.mesh_shape, layout=model.layout)
+      mesh_shape=self.mesh_shape, layout=self.layout)
   return mtf.gather(beams, mtf.constant(inputs.mesh, 0, dtype=tf.int32),
                     beam_dim)

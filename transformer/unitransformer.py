@@ -351,63 +351,10 @@ class Unitransformer:
     loss = mtf.add_n(context.losses) if compute_loss else None
     return logits, loss
 
-  @gin.configurable(module="Unitransformer")
-  def sample_autoregressive(self,
-                            partial_sequences,
-                            stop_at_token=1,
-                            max_steps=None,
-                            temperature=0.0,
-                            variable_dtype=mtf.VariableDType(tf.float32),
-                            encoder_output=None,
-                            encoder_sequence_id=None,
-                            encoder_inputs=None,
-                            shared_params=None,
-                            has_partial_sequences=True,
-                            encoder_layer_outputs=None,
-                            never_end=False,
-                            remove_partial_sequences=False,
-                            sampling_keep_top_k=-1,
-                            bos_id=0):
-    """Continues `partial_sequences` one sampled token at a time.
-
-    See `decoding.sample_autoregressive` for the arguments.
-
-    Returns:
-      an int32 Tensor [<batch_dims>, length_dim].
-    """
-    return decoding.sample_autoregressive(
-        self, partial_sequences, stop_at_token=stop_at_token,
-        max_steps=max_steps, temperature=temperature,
-        variable_dtype=variable_dtype, encoder_output=encoder_output,
-        encoder_sequence_id=encoder_sequence_id,
-        encoder_inputs=encoder_inputs, shared_params=shared_params,
-        has_partial_sequences=has_partial_sequences,
-        encoder_layer_outputs=encoder_layer_outputs, never_end=never_end,
-        remove_partial_sequences=remove_partial_sequences,
-        sampling_keep_top_k=sampling_keep_top_k, bos_id=bos_id)
-
-  def beam_search(self,
-                  inputs,
-                  decode_length,
-                  variable_dtype=mtf.VariableDType(tf.float32),
-                  encoder_output=None,
-                  encoder_sequence_id=None,
-                  encoder_inputs=None,
-                  alpha=0.6,
-                  shared_params=None,
-                  encoder_layer_outputs=None,
-                  bos_id=0):
-    """Beam search (`mtf.beam_search.beam_search`); the best beam.
-
-    See `decoding.beam_search` for the arguments.
-
-    Returns:
-      an int32 Tensor [<batch_dims>, length_dim].
-    """
-    return decoding.beam_search(
-        self, inputs, decode_length, variable_dtype=variable_dtype,
-        encoder_output=encoder_output,
-        encoder_sequence_id=encoder_sequence_id,
-        encoder_inputs=encoder_inputs, alpha=alpha,
-        shared_params=shared_params,
-        encoder_layer_outputs=encoder_layer_outputs, bos_id=bos_id)
+  # Incremental decoding (decoding.py), whose functions are these methods:
+  # sample_autoregressive continues `partial_sequences` one sampled token at
+  # a time; beam_search returns the best beam of
+  # `mtf.beam_search.beam_search`.
+  sample_autoregressive = gin.configurable(module="Unitransformer")(
+      decoding.sample_autoregressive)
+  beam_search = decoding.beam_search
