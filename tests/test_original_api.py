@@ -39,6 +39,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.transformer.transformer",
     "mesh_tensorflow.transformer.transformer_layers",
     "mesh_tensorflow.transformer.vocab_embeddings",
+    "mesh_tensorflow.transformer.vocabulary",
 )
 
 

@@ -3,10 +3,10 @@
 `transformer` holds the models (Unitransformer, Bitransformer) and the layer
 stack; `transformer_layers` and `attention` the layers; `moe` mixture of
 experts; `vocab_embeddings` embedding variants; `learning_rate_schedules` the
-schedules; `utils` builds models from gin. Every gin configurable has the
-original's name, so the original's gin files (shipped in `gin/`) parse
-unchanged; `gin_bindings` registers the core's configurables (optimizers,
-initializers) under the original's names.
+schedules; `utils` builds models from gin; `vocabulary` turns text into ids
+and back. Every gin configurable has the original's name, so the original's
+gin files (shipped in `gin/`) parse unchanged; `gin_bindings` registers the
+core's configurables (optimizers, initializers) under the original's names.
 """
 
 from mesh_tensorflow.transformer import attention
@@ -17,3 +17,4 @@ from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocab_embeddings
+from mesh_tensorflow.transformer import vocabulary

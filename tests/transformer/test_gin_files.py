@@ -65,15 +65,12 @@ ISSUE_15_NAMES = [
     "mesh_tensorflow.transformer.dataset.pretokenized_tfds_dataset",
     "mesh_tensorflow.transformer.dataset.untokenized_tfds_dataset",
     "mesh_tensorflow.transformer.dataset.pretokenized_t2t_dataset",
-    "vocabulary.get_tfds_vocabulary",
-    "mesh_tensorflow.transformer.vocabulary.get_tfds_vocabulary",
     "t2t_vocabulary.get_t2t_vocabulary",
     "mesh_tensorflow.transformer.t2t_vocabulary.get_t2t_vocabulary",
 ]
 # Modules of issue 15 that gin files import.
 ISSUE_15_MODULES = {
     "mesh_tensorflow.transformer.dataset",
-    "mesh_tensorflow.transformer.vocabulary",
     "mesh_tensorflow.transformer.t2t_vocabulary",
 }
 

@@ -1,0 +1,175 @@
+"""Vocabularies: strings to lists of integer ids and back.
+
+As in the original, id 0 is padding and id 1 ends a sequence (EOS); every
+vocabulary encodes both in Python (`encode`, `decode`) and in TensorFlow
+(`encode_tf`, `decode_tf`, usable inside `tf.data`).
+
+- `ByteVocabulary`: UTF-8 bytes, always available (ids 3..258; 2 is UNK).
+- `TFDSVocabulary` / `get_tfds_vocabulary`: a TFDS text encoder, its ids
+  shifted up by one to make room for EOS, as in the original.
+
+Where this differs from the original: `Vocabulary` also has `eos_id` and
+`unk_id`, and its unimplemented members name the class at fault.
+"""
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+PAD_ID = 0
+EOS_ID = 1
+
+
+class Vocabulary(object):
+  """Encodes strings as lists of integers; ids 0 (PAD) and 1 (EOS) are
+  reserved."""
+
+  @property
+  def vocab_size(self):
+    """Number of ids, PAD and EOS included."""
+    raise self._missing("vocab_size")
+
+  @property
+  def eos_id(self):
+    return EOS_ID
+
+  @property
+  def unk_id(self):
+    """The id of unknown pieces, or None if the vocabulary has none."""
+    return None
+
+  def encode(self, s):
+    """A Python string to a list of ints (no EOS appended)."""
+    raise self._missing("encode")
+
+  def decode(self, ids):
+    """A list of ints to a Python string."""
+    raise self._missing("decode")
+
+  def encode_tf(self, s):
+    """A scalar tf.string to a 1-D int32 tf.Tensor (no EOS appended)."""
+    raise self._missing("encode_tf")
+
+  def decode_tf(self, ids):
+    """A 1-D integer tf.Tensor to a scalar tf.string."""
+    raise self._missing("decode_tf")
+
+  def _missing(self, member):
+    return NotImplementedError(
+        f"{type(self).__name__}.{member} is not implemented.")
+
+
+class ByteVocabulary(Vocabulary):
+  """The UTF-8 bytes of a string: byte b is id b + 3.
+
+  Ids 0 (PAD), 1 (EOS) and 2 (UNK) are reserved, then 256 byte ids, then
+  `extra_ids` sentinel ids (decoded as nothing). Decoding stops at the
+  first EOS and drops the other reserved ids; bytes that are not valid
+  UTF-8 are dropped (Python) or kept as they are (TensorFlow).
+  """
+
+  _OFFSET = 3
+
+  def __init__(self, extra_ids=0):
+    if extra_ids < 0:
+      raise ValueError(f"ByteVocabulary extra_ids must be >= 0, got "
+                       f"{extra_ids}.")
+    self._extra_ids = int(extra_ids)
+
+  @property
+  def vocab_size(self):
+    return self._OFFSET + 256 + self._extra_ids
+
+  @property
+  def unk_id(self):
+    return 2
+
+  def encode(self, s):
+    return [b + self._OFFSET for b in s.encode("utf-8")]
+
+  def decode(self, ids):
+    ids = [int(i) for i in ids]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    data = bytes(i - self._OFFSET for i in ids
+                 if self._OFFSET <= i < self._OFFSET + 256)
+    return data.decode("utf-8", errors="ignore")
+
+  def encode_tf(self, s):
+    """Scalar strings to 1-D ids; a 1-D batch of strings to ragged ids."""
+    s = tf.convert_to_tensor(s, tf.string)
+    pieces = tf.strings.bytes_split(s)
+    to_ids = lambda p: tf.cast(
+        tf.reshape(tf.io.decode_raw(p, tf.uint8), [-1]), tf.int32
+    ) + self._OFFSET
+    if isinstance(pieces, tf.RaggedTensor):
+      return tf.ragged.map_flat_values(to_ids, pieces)
+    return to_ids(pieces)
+
+  def decode_tf(self, ids):
+    """1-D ids to a scalar string; [batch, length] ids to 1-D strings."""
+    ids = tf.convert_to_tensor(ids)
+    ids = tf.cast(ids, tf.int32)
+    # Everything from the first EOS on is dropped.
+    before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
+                                axis=-1) == 0
+    is_byte = (ids >= self._OFFSET) & (ids < self._OFFSET + 256)
+    keep = before_eos & is_byte
+    table = tf.constant([bytes([b]) for b in range(256)])
+    pieces = tf.gather(table, tf.where(keep, ids - self._OFFSET, 0))
+    pieces = tf.where(keep, pieces, tf.constant(b""))
+    return tf.strings.reduce_join(pieces, axis=-1)
+
+
+class TFDSVocabulary(Vocabulary):
+  """A TFDS text encoder (`encode`, `decode`, `vocab_size`), its ids
+  shifted up by one: TFDS reserves 0 for padding, and 1 becomes EOS."""
+
+  def __init__(self, tfds_encoder):
+    self._tfds_encoder = tfds_encoder
+
+  @property
+  def vocab_size(self):
+    return self._tfds_encoder.vocab_size + 1
+
+  def encode(self, s):
+    return [i + 1 for i in self._tfds_encoder.encode(s)]
+
+  def decode(self, ids):
+    return self._tfds_encoder.decode([int(i) - 1 for i in ids])
+
+  def encode_tf(self, s):
+    """Through `tf.py_function` (TFDS encoders are Python)."""
+    ids = tf.py_function(
+        lambda t: np.array(self.encode(t.numpy().decode("utf-8")), np.int32),
+        [s], tf.int32)
+    ids.set_shape([None])
+    return ids
+
+  def decode_tf(self, ids):
+    text = tf.py_function(
+        lambda t: self.decode(t.numpy().tolist()).encode("utf-8"),
+        [ids], tf.string)
+    text.set_shape([])
+    return text
+
+
+@gin.configurable(module="mesh_tensorflow.transformer.vocabulary")
+def get_tfds_vocabulary(dataset_name=gin.REQUIRED):
+  """The TFDS encoder of a dataset's targets feature, as a TFDSVocabulary.
+
+  Assumes the inputs, if any, use the same encoder (as the original did).
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  info = tfds.builder(dataset_name).info
+  if not info.supervised_keys:
+    raise ValueError(f"get_tfds_vocabulary: TFDS dataset {dataset_name!r} "
+                     "has no supervised keys to find its targets feature.")
+  feature = info.features[info.supervised_keys[1]]
+  encoder = getattr(feature, "encoder", None)
+  if encoder is None:
+    raise ValueError(
+        f"get_tfds_vocabulary: the targets feature of TFDS dataset "
+        f"{dataset_name!r} has no text encoder (plain-text datasets need "
+        "a vocabulary such as ByteVocabulary).")
+  return TFDSVocabulary(encoder)
