@@ -40,6 +40,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.transformer.transformer_layers",
     "mesh_tensorflow.transformer.vocab_embeddings",
     "mesh_tensorflow.transformer.vocabulary",
+    "mesh_tensorflow.transformer.t2t_vocabulary",
 )
 
 
@@ -93,7 +94,10 @@ def _static_attribute(cls, name):
 
 def api_problems(module_name, name, spec):
   """The list of ways `module_name.name` differs from the original's."""
-  module = importlib.import_module(module_name)
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError:
+    return [f"module {module_name} is missing"]
   obj = getattr(module, name, None)
   if obj is None:
     return [f"{module_name}.{name} is missing"]
