@@ -29,6 +29,6 @@ setuptools.setup(
         "gin-config",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist"],
+        "test": ["pytest", "pytest-xdist", "sentencepiece"],
     },
 )

@@ -5,6 +5,8 @@ vocabulary encodes both in Python (`encode`, `decode`) and in TensorFlow
 (`encode_tf`, `decode_tf`, usable inside `tf.data`).
 
 - `ByteVocabulary`: UTF-8 bytes, always available (ids 3..258; 2 is UNK).
+- `SentencePieceVocabulary`: a SentencePiece model file, run by
+  tensorflow-text in TensorFlow and in Python alike.
 - `TFDSVocabulary` / `get_tfds_vocabulary`: a TFDS text encoder, its ids
   shifted up by one to make room for EOS, as in the original.
 
@@ -119,6 +121,68 @@ class ByteVocabulary(Vocabulary):
     pieces = tf.gather(table, tf.where(keep, ids - self._OFFSET, 0))
     pieces = tf.where(keep, pieces, tf.constant(b""))
     return tf.strings.reduce_join(pieces, axis=-1)
+
+
+class SentencePieceVocabulary(Vocabulary):
+  """A SentencePiece model file, run by tensorflow-text.
+
+  The model should reserve PAD=0, EOS=1 and UNK=2 (T5's models do; train
+  with `pad_id=0, eos_id=1, unk_id=2, bos_id=-1`). `extra_ids` sentinel ids
+  follow the model's pieces; decoding drops them and stops at EOS.
+  """
+
+  def __init__(self, sentencepiece_model_file, extra_ids=0):
+    try:
+      with tf.io.gfile.GFile(sentencepiece_model_file, "rb") as f:
+        self._model = f.read()
+    except (tf.errors.NotFoundError, OSError) as e:
+      raise ValueError(f"SentencePieceVocabulary: cannot read the model "
+                       f"file {sentencepiece_model_file!r} ({e}).") from e
+    self._model_file = sentencepiece_model_file
+    self._extra_ids = int(extra_ids)
+    self._tokenizer = None
+
+  @property
+  def tokenizer(self):
+    """The tensorflow_text.SentencepieceTokenizer (made on first use)."""
+    if self._tokenizer is None:
+      import tensorflow_text  # pylint: disable=g-import-not-at-top
+      try:
+        self._tokenizer = tensorflow_text.SentencepieceTokenizer(
+            model=self._model, out_type=tf.int32)
+      except tf.errors.OpError as e:
+        raise ValueError(f"SentencePieceVocabulary: {self._model_file!r} is "
+                         f"not a SentencePiece model ({e.message}).") from e
+    return self._tokenizer
+
+  @property
+  def _piece_count(self):
+    return int(self.tokenizer.vocab_size())
+
+  @property
+  def vocab_size(self):
+    return self._piece_count + self._extra_ids
+
+  @property
+  def unk_id(self):
+    return 2
+
+  def encode(self, s):
+    return self.encode_tf(tf.constant(s)).numpy().tolist()
+
+  def decode(self, ids):
+    return self.decode_tf(tf.constant(list(ids), tf.int32)).numpy().decode(
+        "utf-8")
+
+  def encode_tf(self, s):
+    return self.tokenizer.tokenize(s)
+
+  def decode_tf(self, ids):
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
+                                axis=-1) == 0
+    keep = before_eos & (ids > EOS_ID) & (ids < self._piece_count)
+    return self.tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
 
 
 class TFDSVocabulary(Vocabulary):

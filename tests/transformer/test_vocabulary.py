@@ -96,3 +96,45 @@ def test_get_tfds_vocabulary_reads_the_targets_encoder(monkeypatch):
 def test_the_interface_names_what_is_missing():
   with pytest.raises(NotImplementedError, match="Vocabulary.encode_tf"):
     vocabulary.Vocabulary().encode_tf(tf.constant("a"))
+
+
+_CORPUS = ["the quick brown fox jumps over the lazy dog",
+           "a lazy dog sleeps in the sun", "the fox runs quick and brown",
+           "sun and dog and fox"] * 20
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory):
+  """A tiny SentencePiece model trained here (PAD 0, EOS 1, UNK 2)."""
+  sentencepiece = pytest.importorskip("sentencepiece")
+  folder = tmp_path_factory.mktemp("spm")
+  corpus = folder / "corpus.txt"
+  corpus.write_text("\n".join(_CORPUS))
+  sentencepiece.SentencePieceTrainer.train(
+      input=str(corpus), model_prefix=str(folder / "tiny"), vocab_size=32,
+      model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+      minloglevel=2)
+  return str(folder / "tiny.model")
+
+
+@pytest.mark.parametrize("text", ["the lazy fox", "dog and sun", ""])
+def test_sentencepiece_round_trip_in_python_and_tf(sentencepiece_model, text):
+  vocab = vocabulary.SentencePieceVocabulary(sentencepiece_model, extra_ids=3)
+  assert vocab.vocab_size == 35 and (vocab.eos_id, vocab.unk_id) == (1, 2)
+  ids = vocab.encode(text)
+  assert all(3 <= i < 32 for i in ids)
+  assert vocab.decode(ids) == text
+  assert np.asarray(vocab.encode_tf(tf.constant(text))).tolist() == ids
+  assert vocab.decode_tf(tf.constant(ids + [1, 33] + ids)).numpy().decode(
+      "utf-8") == text
+  ds = tf.data.Dataset.from_tensor_slices([text]).map(vocab.encode_tf)
+  assert [list(x) for x in ds.as_numpy_iterator()] == [ids]
+
+
+def test_sentencepiece_bad_files_are_named(tmp_path):
+  with pytest.raises(ValueError, match="cannot read the model file"):
+    vocabulary.SentencePieceVocabulary(str(tmp_path / "missing.model"))
+  junk = tmp_path / "junk.model"
+  junk.write_bytes(b"not a model")
+  with pytest.raises(ValueError, match="not a SentencePiece model"):
+    _ = vocabulary.SentencePieceVocabulary(str(junk)).vocab_size
