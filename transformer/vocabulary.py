@@ -7,6 +7,8 @@ vocabulary encodes both in Python (`encode`, `decode`) and in TensorFlow
 - `ByteVocabulary`: UTF-8 bytes, always available (ids 3..258; 2 is UNK).
 - `SentencePieceVocabulary`: a SentencePiece model file, run by
   tensorflow-text in TensorFlow and in Python alike.
+- `WordpieceVocabulary`: BERT's WordPiece through tensorflow-text, from a
+  token list or learned from a dataset.
 - `TFDSVocabulary` / `get_tfds_vocabulary`: a TFDS text encoder, its ids
   shifted up by one to make room for EOS, as in the original.
 
@@ -183,6 +185,103 @@ class SentencePieceVocabulary(Vocabulary):
                                 axis=-1) == 0
     keep = before_eos & (ids > EOS_ID) & (ids < self._piece_count)
     return self.tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
+
+
+RESERVED_TOKENS = ("[PAD]", "[EOS]", "[UNK]")
+
+
+class WordpieceVocabulary(Vocabulary):
+  """WordPiece (BERT's tokenizer) through tensorflow-text.
+
+  `tokens` (or a file of one token per line) starts with RESERVED_TOKENS,
+  so PAD=0, EOS=1 and UNK=2; continuation pieces start with "##". Text is
+  split at whitespace and punctuation first, so decoding joins words with
+  single spaces ("hi, you" comes back as "hi , you"). Build a vocabulary
+  from text with `WordpieceVocabulary.from_dataset`.
+  """
+
+  def __init__(self, vocab_file=None, tokens=None, lower_case=True):
+    if (vocab_file is None) == (tokens is None):
+      raise ValueError("WordpieceVocabulary: give vocab_file or tokens.")
+    if vocab_file is not None:
+      try:
+        with tf.io.gfile.GFile(vocab_file) as f:
+          tokens = [line.rstrip("\n") for line in f]
+      except (tf.errors.NotFoundError, OSError) as e:
+        raise ValueError(f"WordpieceVocabulary: cannot read the vocabulary "
+                         f"file {vocab_file!r} ({e}).") from e
+    tokens = list(tokens)
+    if tuple(tokens[:3]) != RESERVED_TOKENS:
+      raise ValueError(f"WordpieceVocabulary: the first tokens must be "
+                       f"{list(RESERVED_TOKENS)}, got {tokens[:3]}.")
+    self._tokens = tokens
+    self._lower_case = lower_case
+    self._tokenizer = None
+
+  @classmethod
+  def from_dataset(cls, dataset, vocab_size, lower_case=True,
+                   vocab_file=None):
+    """Learns a vocabulary of about `vocab_size` tokens from a dataset of
+    strings (tensorflow-text's BERT vocabulary learner); writes it to
+    `vocab_file` if given."""
+    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset  # pylint: disable=g-import-not-at-top
+    tokens = bert_vocab_from_dataset.bert_vocab_from_dataset(
+        dataset.batch(1024), vocab_size=vocab_size,
+        reserved_tokens=list(RESERVED_TOKENS),
+        bert_tokenizer_params={"lower_case": lower_case}, learn_params={})
+    if vocab_file is not None:
+      with tf.io.gfile.GFile(vocab_file, "w") as f:
+        f.write("".join(t + "\n" for t in tokens))
+    return cls(tokens=tokens, lower_case=lower_case)
+
+  @property
+  def tokenizer(self):
+    """The tensorflow_text.BertTokenizer (made on first use)."""
+    if self._tokenizer is None:
+      import tensorflow_text  # pylint: disable=g-import-not-at-top
+      table = tf.lookup.StaticVocabularyTable(
+          tf.lookup.KeyValueTensorInitializer(
+              self._tokens, tf.range(len(self._tokens), dtype=tf.int64)),
+          num_oov_buckets=1)
+      self._tokenizer = tensorflow_text.BertTokenizer(
+          table, token_out_type=tf.int32, lower_case=self._lower_case,
+          unknown_token=RESERVED_TOKENS[2])
+    return self._tokenizer
+
+  @property
+  def vocab_size(self):
+    return len(self._tokens)
+
+  @property
+  def unk_id(self):
+    return 2
+
+  def encode(self, s):
+    return self.encode_tf(tf.constant(s)).numpy().tolist()
+
+  def decode(self, ids):
+    return self.decode_tf(tf.constant(list(ids), tf.int32)).numpy().decode(
+        "utf-8")
+
+  def encode_tf(self, s):
+    """Scalar strings to 1-D ids; a 1-D batch of strings to ragged ids."""
+    s = tf.convert_to_tensor(s, tf.string)
+    pieces = self.tokenizer.tokenize(s)  # [batch (1 if scalar), words, pieces]
+    if s.shape.rank == 0:
+      return pieces.flat_values
+    return pieces.merge_dims(-2, -1)
+
+  def decode_tf(self, ids):
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
+                                axis=-1) == 0
+    keep = before_eos & (ids > EOS_ID) & (ids < len(self._tokens))
+    single = ids.shape.rank == 1
+    if single:  # The detokenizer wants a batch.
+      ids, keep = ids[tf.newaxis], keep[tf.newaxis]
+    words = self.tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
+    text = tf.strings.reduce_join(words, axis=-1, separator=" ")
+    return text[0] if single else text
 
 
 class TFDSVocabulary(Vocabulary):

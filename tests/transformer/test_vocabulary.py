@@ -138,3 +138,37 @@ def test_sentencepiece_bad_files_are_named(tmp_path):
   junk.write_bytes(b"not a model")
   with pytest.raises(ValueError, match="not a SentencePiece model"):
     _ = vocabulary.SentencePieceVocabulary(str(junk)).vocab_size
+
+
+@pytest.fixture(scope="module")
+def wordpiece_vocab(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("wp") / "vocab.txt")
+  ds = tf.data.Dataset.from_tensor_slices(_CORPUS)
+  vocabulary.WordpieceVocabulary.from_dataset(ds, vocab_size=60,
+                                              vocab_file=path)
+  return vocabulary.WordpieceVocabulary(vocab_file=path)
+
+
+@pytest.mark.parametrize("text", ["the lazy fox", "dog and sun", ""])
+def test_wordpiece_round_trip_in_python_and_tf(wordpiece_vocab, text):
+  vocab = wordpiece_vocab
+  assert (vocab.eos_id, vocab.unk_id) == (1, 2) and vocab.vocab_size > 30
+  ids = vocab.encode(text)
+  assert all(3 <= i < vocab.vocab_size for i in ids)
+  assert vocab.decode(ids) == text
+  assert np.asarray(vocab.encode_tf(tf.constant(text))).tolist() == ids
+  assert vocab.decode_tf(tf.constant(ids + [1] + ids)).numpy().decode(
+      "utf-8") == text
+
+
+def test_wordpiece_batches_unknowns_and_bad_vocabularies(wordpiece_vocab):
+  vocab = wordpiece_vocab
+  batch = vocab.encode_tf(tf.constant(["the dog", "sun"]))
+  assert batch.to_list() == [vocab.encode("the dog"), vocab.encode("sun")]
+  assert 2 in vocab.encode("the 42")  # No digits in the corpus.
+  with pytest.raises(ValueError, match="first tokens must be"):
+    vocabulary.WordpieceVocabulary(tokens=["a", "b", "c"])
+  with pytest.raises(ValueError, match="cannot read the vocabulary file"):
+    vocabulary.WordpieceVocabulary(vocab_file="/nonexistent/vocab.txt")
+  with pytest.raises(ValueError, match="give vocab_file or tokens"):
+    vocabulary.WordpieceVocabulary()
