@@ -8,9 +8,6 @@ names still being brought in line: it must shrink to nothing.
 DEPARTURES = {}
 
 PENDING = frozenset([
-    "mesh_tensorflow.transformer.dataset.packed_parallel_tsv_dataset",
-    "mesh_tensorflow.transformer.dataset.pretokenized_t2t_dataset",
     "mesh_tensorflow.transformer.dataset.pretokenized_tfds_dataset",
-    "mesh_tensorflow.transformer.dataset.pretokenized_tfrecord_dataset",
     "mesh_tensorflow.transformer.dataset.untokenized_tfds_dataset",
 ])

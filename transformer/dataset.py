@@ -23,6 +23,9 @@ Every function here has the original's name and parameters; the configurable
 ones are registered with gin under the original's module name.
 """
 
+import collections
+import os
+
 import gin
 import tensorflow as tf
 
@@ -369,3 +372,145 @@ def make_text_line_dataset(glob=gin.REQUIRED):
 def simple_text_line_dataset(glob=gin.REQUIRED, shuffle_buffer_size=100000):
   """The lines of the files matching `glob`, once, shuffled."""
   return tf.data.TextLineDataset(_glob(glob)).shuffle(shuffle_buffer_size)
+
+
+@gin.configurable(module=_GIN_MODULE)
+def packed_parallel_tsv_dataset(dataset=gin.REQUIRED,
+                                dataset_split=gin.REQUIRED,
+                                batch_size=None,
+                                sequence_length=gin.REQUIRED,
+                                vocabulary=gin.REQUIRED,
+                                append_eos=True,
+                                eos_id=1,
+                                max_encoded_len=0):
+  """Encodes and packs a dataset of "inputs<TAB>targets" lines.
+
+  Args:
+    dataset: a tf.data.Dataset of string lines, one example per line.
+    dataset_split: ignored (the caller picks the files).
+    batch_size: ignored (batching happens later).
+    sequence_length: an int, or a dict from feature key to int.
+    vocabulary: a Vocabulary, or an (inputs, targets) pair of them.
+    append_eos: whether to end each sequence with `eos_id`.
+    eos_id: the EOS id to append.
+    max_encoded_len: when positive, drop examples with a sequence longer than
+      this (after encoding).
+  Returns:
+    a packed tf.data.Dataset (see `pack_or_pad`).
+  """
+  del batch_size, dataset_split
+  if isinstance(vocabulary, tuple):
+    inputs_vocabulary, targets_vocabulary = vocabulary
+  else:
+    inputs_vocabulary = targets_vocabulary = vocabulary
+
+  def _parse(line):
+    fields = tf.io.decode_csv(line, record_defaults=["", ""],
+                              field_delim="\t", use_quote_delim=False)
+    return {"inputs": fields[0], "targets": fields[1]}
+
+  def _encode(features):
+    encoded = {
+        "inputs": inputs_vocabulary.encode_tf(features["inputs"]),
+        "targets": targets_vocabulary.encode_tf(features["targets"])}
+    if append_eos:
+      encoded = {k: tf.concat([tf.cast(v, tf.int64), [eos_id]], 0)
+                 for k, v in encoded.items()}
+    return encoded
+
+  dataset = dataset.map(_parse).map(_encode, num_parallel_calls=_AUTOTUNE)
+  if max_encoded_len:
+    dataset = dataset.filter(lambda ex: tf.reduce_all(
+        [tf.size(v) <= max_encoded_len for v in ex.values()]))
+  return pack_or_pad(dataset, sequence_length)
+
+
+def pretokenized_tfrecord_dataset(filenames,
+                                  text2self,
+                                  eos_included,
+                                  repeat,
+                                  batch_size,
+                                  sequence_length,
+                                  vocab_shift=0):
+  """Reads tensor2tensor-style TFRecord files of token-id tf.Examples.
+
+  Each record is a tf.train.Example with an int64 list feature "targets"
+  (and "inputs" unless text2self); other features are ignored.
+
+  Args:
+    filenames: a list of file names.
+    text2self: a boolean; if true read only "targets".
+    eos_included: whether the sequences already end in EOS=1; if not, it
+      is appended.
+    repeat: whether to repeat the files forever.
+    batch_size: ignored (batching happens later).
+    sequence_length: an int, or a dict from feature key to int.
+    vocab_shift: an int added to every stored id (not to an appended EOS).
+  Returns:
+    a packed tf.data.Dataset (see `pack_or_pad`).
+  """
+  del batch_size
+  dataset = tf.data.TFRecordDataset(filenames, buffer_size=64 * 1024 * 1024)
+  if repeat:
+    dataset = dataset.repeat()
+  keys = ["targets"] if text2self else ["inputs", "targets"]
+  spec = {k: tf.io.VarLenFeature(tf.int64) for k in keys}
+
+  def _decode(record):
+    parsed = tf.io.parse_single_example(record, spec)
+    decoded = {}
+    for k in keys:
+      ids = tf.sparse.to_dense(parsed[k]) + vocab_shift
+      if not eos_included:
+        ids = tf.concat([ids, [EOS_ID]], 0)
+      decoded[k] = ids
+    return decoded
+
+  dataset = dataset.map(_decode, num_parallel_calls=_AUTOTUNE)
+  return pack_or_pad(dataset, sequence_length)
+
+
+@gin.configurable(module=_GIN_MODULE)
+def pretokenized_t2t_dataset(dataset_name=gin.REQUIRED,
+                             text2self=False,
+                             data_dir=gin.REQUIRED,
+                             dataset_split="train",
+                             batch_size=None,
+                             sequence_length=gin.REQUIRED,
+                             vocabulary=None,
+                             eos_included=True,
+                             vocab_shift=0):
+  """Reads the tensor2tensor data files `<data_dir>/<name>-<split>-*`.
+
+  Args:
+    dataset_name: the tensor2tensor problem's file prefix.
+    text2self: a boolean; if true read only "targets".
+    data_dir: the folder of the files.
+    dataset_split: "train" (repeated and shuffled) or "dev".
+    batch_size: ignored (batching happens later).
+    sequence_length: an int, or a dict from feature key to int.
+    vocabulary: ignored (the files hold token ids).
+    eos_included: whether the stored sequences already end in EOS=1.
+    vocab_shift: an int added to every stored id.
+  Returns:
+    a packed tf.data.Dataset.
+  """
+  del vocabulary
+  pattern = os.path.join(data_dir, dataset_name + "-" + dataset_split + "-*")
+  filenames = tf.io.gfile.glob(pattern)
+  if not filenames:
+    raise ValueError(f"pretokenized_t2t_dataset: no files match {pattern!r}")
+  dataset = pretokenized_tfrecord_dataset(
+      filenames=sorted(filenames), text2self=text2self, eos_included=eos_included,
+      repeat=dataset_split == "train", batch_size=batch_size,
+      sequence_length=sequence_length, vocab_shift=vocab_shift)
+  if dataset_split == "train":
+    dataset = dataset.shuffle(1000)
+  return dataset
+
+
+# A task to evaluate: its name, a function returning its tf.data.Dataset,
+# a function turning decoded strings into what the metrics compare, and a
+# list of metric_fn(targets, predictions) each returning a dict of scores.
+EvalDataset = collections.namedtuple(
+    "EvalDataset", ["name", "dataset_fn", "postprocess_fn", "metric_fns"])

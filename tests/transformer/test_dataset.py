@@ -273,3 +273,58 @@ def test_gin_names():
     assert sorted(row) == ["targets"]
   finally:
     gin.clear_config()
+
+
+def test_packed_parallel_tsv_dataset():
+  lines = tf.data.Dataset.from_tensor_slices(["ab\tc", "d\tef", "ghij\tk"])
+  packed = _rows(dataset.packed_parallel_tsv_dataset(
+      lines, "train", sequence_length=6, vocabulary=_CharVocabulary()))
+  assert len(packed) == 2
+  a, b, c, d, e, f = (ord(ch) + 2 for ch in "abcdef")
+  np.testing.assert_array_equal(packed[0]["inputs"], [a, b, 1, d, 1, 0])
+  np.testing.assert_array_equal(packed[0]["targets"], [c, 1, e, f, 1, 0])
+  np.testing.assert_array_equal(packed[0]["inputs_segmentation"],
+                                [1, 1, 1, 2, 2, 0])
+  # max_encoded_len drops "ghij" (5 ids with EOS); a pair of vocabularies.
+  kept = _rows(dataset.packed_parallel_tsv_dataset(
+      lines, "train", sequence_length=8,
+      vocabulary=(_CharVocabulary(), _CharVocabulary()), append_eos=False,
+      max_encoded_len=3))
+  assert len(kept) == 1
+  np.testing.assert_array_equal(kept[0]["targets"][:3], [c, e, f])
+
+
+def _write_tfrecord(path, examples):
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for ex in examples:
+      feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+                 for k, v in ex.items()}
+      writer.write(tf.train.Example(features=tf.train.Features(
+          feature=feature)).SerializeToString())
+
+
+def test_pretokenized_tfrecord_and_t2t_datasets(tmp_path):
+  _write_tfrecord(tmp_path / "prob-dev-00000",
+                  [{"inputs": [5, 6], "targets": [7], "other": [9]},
+                   {"inputs": [8], "targets": [4, 4]}])
+  rows = _rows(dataset.pretokenized_tfrecord_dataset(
+      [str(tmp_path / "prob-dev-00000")], text2self=False,
+      eos_included=False, repeat=False, batch_size=None, sequence_length=5,
+      vocab_shift=10))
+  assert len(rows) == 1
+  np.testing.assert_array_equal(rows[0]["inputs"], [15, 16, 1, 18, 1])
+  np.testing.assert_array_equal(rows[0]["targets"], [17, 1, 14, 14, 1])
+  lm = _rows(dataset.pretokenized_t2t_dataset(
+      "prob", text2self=True, data_dir=str(tmp_path), dataset_split="dev",
+      sequence_length=4))
+  assert sorted(lm[0]) == [
+      "targets", "targets_position", "targets_segmentation"]
+  np.testing.assert_array_equal(lm[0]["targets"], [7, 4, 4, 0])
+  with pytest.raises(ValueError, match="no files match"):
+    dataset.pretokenized_t2t_dataset("nothing", data_dir=str(tmp_path),
+                                     sequence_length=4)
+
+
+def test_eval_dataset_fields():
+  assert dataset.EvalDataset._fields == (
+      "name", "dataset_fn", "postprocess_fn", "metric_fns")
