@@ -509,6 +509,92 @@ def pretokenized_t2t_dataset(dataset_name=gin.REQUIRED,
   return dataset
 
 
+def _tfds_load(**kwargs):
+  """tfds.load, imported on first use (tensorflow-datasets is optional)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  return tfds.load(**kwargs)
+
+
+@gin.configurable(module=_GIN_MODULE)
+def pretokenized_tfds_dataset(dataset_name=gin.REQUIRED,
+                              text2self=gin.REQUIRED,
+                              tfds_data_dir=gin.REQUIRED,
+                              dataset_split=gin.REQUIRED,
+                              batch_size=None,
+                              sequence_length=gin.REQUIRED,
+                              vocabulary=None):
+  """Reads a TFDS dataset whose supervised pairs are already token ids.
+
+  The stored ids are shifted up by one (their encoders keep no id for EOS)
+  and EOS=1 is appended; the "train" split is repeated and shuffled.
+
+  Args:
+    dataset_name: the TFDS name (with config and version if wanted).
+    text2self: a boolean; if true keep only "targets".
+    tfds_data_dir: the TFDS data directory (nothing is downloaded that is
+      not there when the dataset is already prepared).
+    dataset_split: a split name, e.g. "train" or "validation".
+    batch_size: ignored (batching happens later).
+    sequence_length: an int, or a dict from feature key to int.
+    vocabulary: ignored.
+  Returns:
+    a packed tf.data.Dataset.
+  """
+  del batch_size, vocabulary
+  dataset = _tfds_load(name=dataset_name, split=dataset_split,
+                       as_supervised=True, data_dir=tfds_data_dir,
+                       shuffle_files=dataset_split == "train")
+  if dataset_split == "train":
+    dataset = dataset.repeat().shuffle(1000)
+
+  def _shift_and_end(ids):
+    return tf.concat([ids + 1, tf.constant([EOS_ID], ids.dtype)], 0)
+
+  def _to_features(inputs, targets):
+    if text2self:
+      return {"targets": _shift_and_end(targets)}
+    return {"inputs": _shift_and_end(inputs),
+            "targets": _shift_and_end(targets)}
+
+  dataset = dataset.map(_to_features, num_parallel_calls=_AUTOTUNE)
+  return pack_or_pad(dataset, sequence_length)
+
+
+@gin.configurable(module=_GIN_MODULE)
+def untokenized_tfds_dataset(dataset_name=gin.REQUIRED,
+                             text2self=gin.REQUIRED,
+                             tfds_data_dir=gin.REQUIRED,
+                             dataset_split=gin.REQUIRED,
+                             batch_size=None,
+                             sequence_length=gin.REQUIRED,
+                             vocabulary=gin.REQUIRED,
+                             pack=gin.REQUIRED):
+  """Reads a TFDS text dataset, encodes it with `vocabulary`, packs or pads.
+
+  Args:
+    dataset_name: the TFDS name.
+    text2self: a boolean; if true read the dataset's features as they are
+      (language modelling), else its supervised (inputs, targets) pairs.
+    tfds_data_dir: the TFDS data directory.
+    dataset_split: a split name; "train" is repeated and shuffled.
+    batch_size: ignored (batching happens later).
+    sequence_length: an int, or a dict from feature key to int.
+    vocabulary: a Vocabulary; every string feature is encoded, EOS appended.
+    pack: whether to pack (True) or only pad (False).
+  Returns:
+    a tf.data.Dataset of packed or padded examples.
+  """
+  del batch_size
+  dataset = _tfds_load(name=dataset_name, split=dataset_split,
+                       as_supervised=not text2self, data_dir=tfds_data_dir)
+  if dataset_split == "train":
+    dataset = dataset.repeat().shuffle(1000)
+  if not text2self:
+    dataset = supervised_to_dict(dataset, text2self)
+  dataset = encode_all_features(dataset, vocabulary)
+  return pack_or_pad(dataset, sequence_length, pack)
+
+
 # A task to evaluate: its name, a function returning its tf.data.Dataset,
 # a function turning decoded strings into what the metrics compare, and a
 # list of metric_fn(targets, predictions) each returning a dict of scores.

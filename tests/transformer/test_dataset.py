@@ -336,3 +336,59 @@ def test_pretokenized_tfrecord_and_t2t_datasets(tmp_path):
 def test_eval_dataset_fields():
   assert dataset.EvalDataset._fields == (
       "name", "dataset_fn", "postprocess_fn", "metric_fns")
+
+
+class _FakeTfdsLoad:
+  """Stands in for tfds.load: records its arguments, returns given pairs.
+
+  (tensorflow-datasets does not load in the test environment: its
+  dependency importlib_resources is missing.)
+  """
+
+  def __init__(self, pairs):
+    self.pairs = pairs
+    self.calls = []
+
+  def __call__(self, **kwargs):
+    self.calls.append(kwargs)
+    inputs, targets = zip(*self.pairs)
+    if isinstance(inputs[0], str):
+      return tf.data.Dataset.from_tensor_slices((list(inputs), list(targets)))
+    return tf.data.Dataset.from_generator(
+        lambda: iter(self.pairs),
+        output_signature=(tf.TensorSpec([None], tf.int64),
+                          tf.TensorSpec([None], tf.int64)))
+
+
+def test_pretokenized_tfds_dataset(monkeypatch):
+  fake = _FakeTfdsLoad([([4, 5], [6]), ([7], [8, 9])])
+  monkeypatch.setattr(dataset, "_tfds_load", fake)
+  rows = _rows(dataset.pretokenized_tfds_dataset(
+      "some_ds", text2self=False, tfds_data_dir="/data",
+      dataset_split="validation", sequence_length=5))
+  assert fake.calls == [dict(name="some_ds", split="validation",
+                             as_supervised=True, data_dir="/data",
+                             shuffle_files=False)]
+  assert len(rows) == 1
+  np.testing.assert_array_equal(rows[0]["inputs"], [5, 6, 1, 8, 1])
+  np.testing.assert_array_equal(rows[0]["targets"], [7, 1, 9, 10, 1])
+  lm = _rows(dataset.pretokenized_tfds_dataset(
+      "some_ds", text2self=True, tfds_data_dir="/data",
+      dataset_split="validation", sequence_length=3))
+  assert sorted(lm[0]) == [
+      "targets", "targets_position", "targets_segmentation"]
+  np.testing.assert_array_equal(lm[0]["targets"], [7, 1, 0])
+
+
+def test_untokenized_tfds_dataset(monkeypatch):
+  fake = _FakeTfdsLoad([("ab", "c")])
+  monkeypatch.setattr(dataset, "_tfds_load", fake)
+  rows = _rows(dataset.untokenized_tfds_dataset(
+      "some_ds", text2self=False, tfds_data_dir="/data",
+      dataset_split="validation", sequence_length=4,
+      vocabulary=_CharVocabulary(), pack=False))
+  assert fake.calls[0]["as_supervised"] is True
+  a, b, c = (ord(ch) + 2 for ch in "abc")
+  assert sorted(rows[0]) == ["inputs", "targets"]
+  np.testing.assert_array_equal(rows[0]["inputs"], [a, b, 1, 0])
+  np.testing.assert_array_equal(rows[0]["targets"], [c, 1, 0, 0])
