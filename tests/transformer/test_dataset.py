@@ -392,3 +392,8 @@ def test_untokenized_tfds_dataset(monkeypatch):
   assert sorted(rows[0]) == ["inputs", "targets"]
   np.testing.assert_array_equal(rows[0]["inputs"], [a, b, 1, 0])
   np.testing.assert_array_equal(rows[0]["targets"], [c, 1, 0, 0])
+
+
+def test_package_exports_dataset():
+  import mesh_tensorflow.transformer as transformer_package  # pylint: disable=g-import-not-at-top
+  assert transformer_package.dataset is dataset
