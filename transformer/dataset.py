@@ -501,8 +501,8 @@ def pretokenized_t2t_dataset(dataset_name=gin.REQUIRED,
   if not filenames:
     raise ValueError(f"pretokenized_t2t_dataset: no files match {pattern!r}")
   dataset = pretokenized_tfrecord_dataset(
-      filenames=sorted(filenames), text2self=text2self, eos_included=eos_included,
-      repeat=dataset_split == "train", batch_size=batch_size,
+      filenames=sorted(filenames), text2self=text2self,
+      eos_included=eos_included, repeat=dataset_split == "train", batch_size=batch_size,
       sequence_length=sequence_length, vocab_shift=vocab_shift)
   if dataset_split == "train":
     dataset = dataset.shuffle(1000)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import mesh_tensorflow.transformer as transformer_package
 from mesh_tensorflow.transformer import dataset
 
 
@@ -395,5 +396,4 @@ def test_untokenized_tfds_dataset(monkeypatch):
 
 
 def test_package_exports_dataset():
-  import mesh_tensorflow.transformer as transformer_package  # pylint: disable=g-import-not-at-top
   assert transformer_package.dataset is dataset
