@@ -34,6 +34,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.tpu_variables",
     "mesh_tensorflow.utils",
     "mesh_tensorflow.transformer.attention",
+    "mesh_tensorflow.transformer.dataset",
     "mesh_tensorflow.transformer.learning_rate_schedules",
     "mesh_tensorflow.transformer.moe",
     "mesh_tensorflow.transformer.transformer",
