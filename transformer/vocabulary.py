@@ -63,6 +63,30 @@ class Vocabulary(object):
         f"{type(self).__name__}.{member} is not implemented.")
 
 
+def _before_eos(ids):
+  """True for the ids before the first EOS of each sequence (last axis)."""
+  return tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
+                        axis=-1) == 0
+
+
+class _TensorFlowVocabulary(Vocabulary):
+  """A vocabulary computed by TF ops: Python encoding runs them eagerly.
+
+  Its models reserve UNK=2 after PAD and EOS.
+  """
+
+  @property
+  def unk_id(self):
+    return 2
+
+  def encode(self, s):
+    return self.encode_tf(tf.constant(s)).numpy().tolist()
+
+  def decode(self, ids):
+    return self.decode_tf(tf.constant(list(ids), tf.int32)).numpy().decode(
+        "utf-8")
+
+
 class ByteVocabulary(Vocabulary):
   """The UTF-8 bytes of a string: byte b is id b + 3.
 
@@ -115,17 +139,15 @@ class ByteVocabulary(Vocabulary):
     ids = tf.convert_to_tensor(ids)
     ids = tf.cast(ids, tf.int32)
     # Everything from the first EOS on is dropped.
-    before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
-                                axis=-1) == 0
     is_byte = (ids >= self._OFFSET) & (ids < self._OFFSET + 256)
-    keep = before_eos & is_byte
+    keep = _before_eos(ids) & is_byte
     table = tf.constant([bytes([b]) for b in range(256)])
     pieces = tf.gather(table, tf.where(keep, ids - self._OFFSET, 0))
     pieces = tf.where(keep, pieces, tf.constant(b""))
     return tf.strings.reduce_join(pieces, axis=-1)
 
 
-class SentencePieceVocabulary(Vocabulary):
+class SentencePieceVocabulary(_TensorFlowVocabulary):
   """A SentencePiece model file, run by tensorflow-text.
 
   The model should reserve PAD=0, EOS=1 and UNK=2 (T5's models do; train
@@ -165,32 +187,19 @@ class SentencePieceVocabulary(Vocabulary):
   def vocab_size(self):
     return self._piece_count + self._extra_ids
 
-  @property
-  def unk_id(self):
-    return 2
-
-  def encode(self, s):
-    return self.encode_tf(tf.constant(s)).numpy().tolist()
-
-  def decode(self, ids):
-    return self.decode_tf(tf.constant(list(ids), tf.int32)).numpy().decode(
-        "utf-8")
-
   def encode_tf(self, s):
     return self.tokenizer.tokenize(s)
 
   def decode_tf(self, ids):
     ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
-    before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
-                                axis=-1) == 0
-    keep = before_eos & (ids > EOS_ID) & (ids < self._piece_count)
+    keep = _before_eos(ids) & (ids > EOS_ID) & (ids < self._piece_count)
     return self.tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
 
 
 RESERVED_TOKENS = ("[PAD]", "[EOS]", "[UNK]")
 
 
-class WordpieceVocabulary(Vocabulary):
+class WordpieceVocabulary(_TensorFlowVocabulary):
   """WordPiece (BERT's tokenizer) through tensorflow-text.
 
   `tokens` (or a file of one token per line) starts with RESERVED_TOKENS,
@@ -252,17 +261,6 @@ class WordpieceVocabulary(Vocabulary):
   def vocab_size(self):
     return len(self._tokens)
 
-  @property
-  def unk_id(self):
-    return 2
-
-  def encode(self, s):
-    return self.encode_tf(tf.constant(s)).numpy().tolist()
-
-  def decode(self, ids):
-    return self.decode_tf(tf.constant(list(ids), tf.int32)).numpy().decode(
-        "utf-8")
-
   def encode_tf(self, s):
     """Scalar strings to 1-D ids; a 1-D batch of strings to ragged ids."""
     s = tf.convert_to_tensor(s, tf.string)
@@ -273,9 +271,7 @@ class WordpieceVocabulary(Vocabulary):
 
   def decode_tf(self, ids):
     ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
-    before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32),
-                                axis=-1) == 0
-    keep = before_eos & (ids > EOS_ID) & (ids < len(self._tokens))
+    keep = _before_eos(ids) & (ids > EOS_ID) & (ids < len(self._tokens))
     single = ids.shape.rank == 1
     if single:  # The detokenizer wants a batch.
       ids, keep = ids[tf.newaxis], keep[tf.newaxis]
