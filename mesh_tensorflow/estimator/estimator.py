@@ -193,12 +193,17 @@ class Estimator:
 
     saving_listeners get tf.estimator's CheckpointSaverListener calls
     (begin, before_save, after_save, end; the session argument is None); an
-    after_save returning True stops training. SessionRunHooks need
-    tf.compat.v1 sessions: `hooks` are ignored, with a warning.
+    after_save returning True stops training. Of `hooks`, those with an
+    `after_loop(step, loss)` method are called after each training loop
+    (e.g. a progress display); SessionRunHooks need tf.compat.v1 sessions
+    and are ignored, with a warning.
     """
-    if hooks:
-      logging.warning("Estimator.train ignores hooks (SessionRunHooks need "
-                      "tf.compat.v1 sessions): %s", hooks)
+    loop_hooks = [h for h in hooks or () if hasattr(h, "after_loop")]
+    ignored = [h for h in hooks or () if not hasattr(h, "after_loop")]
+    if ignored:
+      logging.warning("Estimator.train ignores hooks without after_loop "
+                      "(SessionRunHooks need tf.compat.v1 sessions): %s",
+                      ignored)
     if steps is not None and max_steps is not None:
       raise ValueError("Give steps or max_steps, not both.")
     for name, value in (("steps", steps), ("max_steps", max_steps)):
@@ -249,6 +254,8 @@ class Estimator:
       if not np.isfinite(loss):
         raise FloatingPointError(f"Loss is {loss} at step {step}.")
       logger.after_loop(step, loss)
+      for hook in loop_hooks:
+        hook.after_loop(step, loss)
       if every and step // every > saved // every:
         saved = step
         if save(step):
@@ -305,13 +312,17 @@ class Estimator:
 
     @tf.function(autograph=False)
     def loop(iterator, n):
-      loss = None
-      for _ in range(n):
+      # A while loop, not n copies of the step: the program is compiled
+      # once, whatever iterations_per_loop is.
+      def body(i, unused_loss):
         features, labels = inputs.split_element(next(iterator))
-        loss = train_step(features, labels)
+        return i + 1, train_step(features, labels)
+
+      _, loss = tf.while_loop(lambda i, unused_loss: i < n, body,
+                              (tf.constant(0), tf.constant(0.0)))
       return loss
 
-    return loop
+    return lambda iterator, n: loop(iterator, tf.constant(n, tf.int32))
 
   # --------------------------------------------------------------- evaluate
 

@@ -21,9 +21,15 @@ class ServingInputReceiver:
     receiver_tensors: dict name -> tf.TensorSpec (or a single TensorSpec,
       named "input"). Shapes must be fully defined where the mtf graph
       needs them (e.g. its batch dimension).
+    receiver_tensors_alternatives: accepted for compatibility; unused.
+    postprocess: optional (predictions, receiver tensors) -> predictions,
+      applied to what the model returns (e.g. to drop the rows that padded
+      a request to the model's batch size).
   """
 
-  def __init__(self, features, receiver_tensors):
+  def __init__(self, features, receiver_tensors,
+               receiver_tensors_alternatives=None, postprocess=None):
+    del receiver_tensors_alternatives
     if isinstance(receiver_tensors, tf.TensorSpec):
       receiver_tensors = {"input": receiver_tensors}
       self._single = True
@@ -40,8 +46,12 @@ class ServingInputReceiver:
     if features is not None and not callable(features):
       raise TypeError("ServingInputReceiver features must be None or a "
                       f"callable of the receiver tensors, got {features!r}.")
+    if postprocess is not None and not callable(postprocess):
+      raise TypeError("ServingInputReceiver postprocess must be callable, "
+                      f"got {postprocess!r}.")
     self.features = features
     self.receiver_tensors = dict(receiver_tensors)
+    self.postprocess = postprocess
 
   def signature(self):
     """The receiver TensorSpecs, in name order, named after their keys."""
@@ -92,8 +102,11 @@ def save_serving_model(export_dir_base, predict_fn, receiver,
   names = [spec.name for spec in receiver.signature()]
 
   def serve(*args):
-    predictions = predict_fn(receiver.features_from(dict(zip(names, args))))
-    return dict(predictions)
+    tensors = dict(zip(names, args))
+    predictions = dict(predict_fn(receiver.features_from(tensors)))
+    if receiver.postprocess is not None:
+      predictions = dict(receiver.postprocess(predictions, tensors))
+    return predictions
 
   module = tf.Module()
   module.serve = tf.function(serve, input_signature=receiver.signature())

@@ -1,0 +1,147 @@
+r"""The Transformer's command-line binary: train, evaluate, decode, export.
+
+    python -m mesh_tensorflow.transformer.main \
+      --model_dir=/tmp/addition \
+      --gin_file=models/tiny.gin --gin_file=problems/addition.gin \
+      --gin_param="utils.run.mesh_shape = 'batch:2;model:4'" \
+      --gin_param="utils.run.mode = 'train'"
+
+Gin files are looked up as given, then under --gin_location_prefix, then in
+the shipped gin folder (models/, layouts/, problems/). The binary writes its
+command line to <model_dir>/command (command.1, ... for later runs) and, when
+training, the operative gin config to <model_dir>/operative_config.gin. On a
+machine without GPUs it splits the CPU into as many logical devices as the
+mesh has processors. Bad input (a missing gin file, an unknown gin
+parameter, a mesh that does not divide a dimension, an unreadable
+checkpoint) ends with a one-paragraph message and exit status 1;
+--show_traceback shows the Python traceback too.
+"""
+
+import importlib
+import os
+import re
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+
+from mesh_tensorflow.transformer import utils
+
+flags.DEFINE_string("model_dir", "/tmp/transformer_standalone",
+                    "The run's directory: checkpoints, summaries, config.")
+flags.DEFINE_string("tpu", None, "The Cloud TPU to use (default: none, run "
+                    "on this machine's CPUs/GPUs).")
+flags.DEFINE_string("gcp_project", None, "The GCP project of the TPU.")
+flags.DEFINE_string("tpu_zone", None, "The GCE zone of the TPU.")
+flags.DEFINE_string("tpu_job_name", None, "The TPU worker job's name.")
+flags.DEFINE_multi_string("module_import", None, "Modules to import first "
+                          "(e.g. ones registering TFDS datasets or gin "
+                          "configurables).")
+flags.DEFINE_boolean("show_traceback", False, "On an error, also print the "
+                     "Python traceback.")
+flags.DEFINE_boolean("progress", True, "Show a progress line while "
+                     "training.")
+FLAGS = flags.FLAGS
+
+# Exceptions that mean bad input, reported without a traceback.
+_INPUT_ERRORS = (ValueError, TypeError, KeyError, OSError, LookupError)
+
+
+def _command_file(model_dir):
+  """The first free of <model_dir>/command, command.1, command.2, ..."""
+  path = os.path.join(model_dir, "command")
+  n = 0
+  while os.path.exists(path if n == 0 else f"{path}.{n}"):
+    n += 1
+  return path if n == 0 else f"{path}.{n}"
+
+
+def _write_command(model_dir):
+  os.makedirs(model_dir, exist_ok=True)
+  with open(_command_file(model_dir), "w") as f:
+    f.write(" ".join(sys.argv) + "\n")
+
+
+def _mesh_size():
+  """The processor count of utils.run.mesh_shape, if gin gives it plainly."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  try:
+    shape = gin.query_parameter("utils.run.mesh_shape")
+  except ValueError:
+    return None
+  if isinstance(shape, (str, mtf.Shape, list)):
+    return mtf.convert_to_shape(shape).size
+  return None
+
+
+def _split_cpu_early():
+  """Splits the CPU for the mesh before anything starts TensorFlow's
+  devices (utils.run checks again, for meshes gin computes)."""
+  if FLAGS.tpu:
+    return
+  size = _mesh_size()
+  if size:
+    from mesh_tensorflow.transformer import run_devices  # pylint: disable=g-import-not-at-top
+    run_devices.ensure_local_devices(size)
+
+
+def error_message(exc):
+  """One paragraph saying what went wrong, without TF/gin call stacks."""
+  text = str(exc).strip() or type(exc).__name__
+  if "in user code:" in text:
+    # A tf.function trace: the message of the error is its last paragraph.
+    text = re.split(r"\n\s*\n", text.strip())[-1]
+  lines = [line.strip() for line in text.splitlines()]
+  context = [l for l in lines if l.startswith("In call to configurable") or
+             l.startswith("In file") or l.startswith("In bindings string")]
+  message = " ".join(l for l in lines if l and l not in context and
+                     not l.startswith("File \""))
+  where = ""
+  for line in context:
+    if line.startswith(("In file", "In bindings string")):
+      where = f" ({line[3:].rstrip(':')})"
+      break
+  return f"{type(exc).__name__}: {message}{where}"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  for module in FLAGS.module_import or ():
+    importlib.import_module(module)
+  _write_command(FLAGS.model_dir)
+  utils.parse_gin_defaults_and_flags()
+  _split_cpu_early()
+  hooks = []
+  if FLAGS.progress:
+    from mesh_tensorflow.transformer import progress  # pylint: disable=g-import-not-at-top
+    hooks.append(progress.ProgressDisplay())
+  return utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu,
+                   gcp_project=FLAGS.gcp_project, tpu_zone=FLAGS.tpu_zone,
+                   model_dir=FLAGS.model_dir, train_hooks=hooks)
+
+
+def main_with_errors(argv):
+  """main, with bad input reported as one paragraph and exit status 1."""
+  try:
+    main(argv)
+  except app.UsageError:
+    raise
+  except Exception as exc:  # pylint: disable=broad-except
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not isinstance(exc, _INPUT_ERRORS + (tf.errors.OpError,)):
+      raise
+    if FLAGS.show_traceback:
+      logging.exception("Failed:")
+    sys.stderr.write(f"\nerror: {error_message(exc)}\n")
+    sys.exit(1)
+
+
+def console_entry_point():
+  app.run(main_with_errors)
+
+
+if __name__ == "__main__":
+  console_entry_point()
