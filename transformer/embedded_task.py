@@ -63,7 +63,7 @@ def _make_chunk(chunk, seed_key, max_digits):
   """
   draws = tf.random.stateless_uniform(
       [_CHUNK, 4], seed=tf.stack([seed_key, chunk]), minval=None,
-      maxval=None, dtype=tf.int64)
+      maxval=None, dtype=tf.int64, alg="philox")  # The same on any device.
   digits = 1 + tf.math.floormod(draws[:, :2], max_digits)
   high = tf.pow(tf.constant(10, tf.int64), digits)
   low = tf.where(digits > 1, high // 10, tf.zeros_like(high))
