@@ -65,7 +65,10 @@ def pack_or_pad(dataset, length, pack=True, feature_keys=None,
     pack: whether to pack (True) or only pad (False).
     feature_keys: the features to pack or pad; defaults to all. Packing drops
       the other features, padding passes them through unchanged.
-    ensure_eos: whether to make the last token EOS=1 when it is not padding.
+    ensure_eos: True (every feature of `feature_keys`), False (none) or a
+      collection of feature keys: the features whose last token becomes
+      EOS=1 unless it is padding, so that a sequence cut to `length` still
+      ends in EOS.
   Returns:
     a tf.data.Dataset whose `feature_keys` features have fixed shape [length].
   """
@@ -75,7 +78,8 @@ def pack_or_pad(dataset, length, pack=True, feature_keys=None,
   dataset = trim_and_pad_dataset(dataset, length=length,
                                  feature_keys=feature_keys)
   if ensure_eos:
-    dataset = ensure_dataset_eos(dataset, feature_keys)
+    eos_keys = feature_keys if isinstance(ensure_eos, bool) else ensure_eos
+    dataset = ensure_dataset_eos(dataset, eos_keys)
   return dataset
 
 
@@ -93,8 +97,8 @@ def ensure_dataset_eos(dataset, feature_keys=None):
   def _end_in_eos(key, value):
     if key not in feature_keys:
       return value
-    # Any nonzero last token becomes 1; a padding 0 stays 0.
-    last = tf.minimum(value[-1:], tf.ones_like(value[-1:]) * EOS_ID)
+    # The last token is clipped into [PAD, EOS]: any id above EOS becomes EOS.
+    last = tf.clip_by_value(value[-1:], 0, EOS_ID)
     return tf.concat([value[:-1], last], axis=0)
 
   return dataset.map(
@@ -502,8 +506,9 @@ def pretokenized_t2t_dataset(dataset_name=gin.REQUIRED,
     raise ValueError(f"pretokenized_t2t_dataset: no files match {pattern!r}")
   dataset = pretokenized_tfrecord_dataset(
       filenames=sorted(filenames), text2self=text2self,
-      eos_included=eos_included, repeat=dataset_split == "train", batch_size=batch_size,
-      sequence_length=sequence_length, vocab_shift=vocab_shift)
+      eos_included=eos_included, repeat=dataset_split == "train",
+      batch_size=batch_size, sequence_length=sequence_length,
+      vocab_shift=vocab_shift)
   if dataset_split == "train":
     dataset = dataset.shuffle(1000)
   return dataset
@@ -531,8 +536,8 @@ def pretokenized_tfds_dataset(dataset_name=gin.REQUIRED,
   Args:
     dataset_name: the TFDS name (with config and version if wanted).
     text2self: a boolean; if true keep only "targets".
-    tfds_data_dir: the TFDS data directory (nothing is downloaded that is
-      not there when the dataset is already prepared).
+    tfds_data_dir: the TFDS data directory (`tfds.load` downloads and
+      prepares the dataset there when it is missing).
     dataset_split: a split name, e.g. "train" or "validation".
     batch_size: ignored (batching happens later).
     sequence_length: an int, or a dict from feature key to int.

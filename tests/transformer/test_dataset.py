@@ -104,6 +104,85 @@ def test_pack_dataset_docstring_example():
                                 [0, 1, 0, 1, 2, 0, 0, 0, 0, 0])
 
 
+def _assert_literal_rows(rows, want):
+  """`rows` equal `want`, a list of {feature: literal list} per row."""
+  assert len(rows) == len(want)
+  for i, (got, expected) in enumerate(zip(rows, want)):
+    assert sorted(got) == sorted(expected), i
+    for k, v in expected.items():
+      np.testing.assert_array_equal(got[k], v, err_msg=f"row {i} {k}")
+      assert got[k].dtype == np.int32, k
+
+
+def test_pack_dataset_overflow_into_next_row_by_hand():
+  # Length 5: the first two examples fill a row exactly on both keys;
+  # the third one would overflow it and starts the second row.
+  ds = _from_examples([{"inputs": [3, 4, 1], "targets": [5, 1]},
+                       {"inputs": [6, 1], "targets": [7, 8, 1]},
+                       {"inputs": [9, 1], "targets": [2, 1]}])
+  _assert_literal_rows(_rows(dataset.pack_dataset(ds, 5)), [
+      {"inputs": [3, 4, 1, 6, 1],
+       "inputs_segmentation": [1, 1, 1, 2, 2],
+       "inputs_position": [0, 1, 2, 0, 1],
+       "targets": [5, 1, 7, 8, 1],
+       "targets_segmentation": [1, 1, 2, 2, 2],
+       "targets_position": [0, 1, 0, 1, 2]},
+      {"inputs": [9, 1, 0, 0, 0],
+       "inputs_segmentation": [1, 1, 0, 0, 0],
+       "inputs_position": [0, 1, 0, 0, 0],
+       "targets": [2, 1, 0, 0, 0],
+       "targets_segmentation": [1, 1, 0, 0, 0],
+       "targets_position": [0, 1, 0, 0, 0]},
+  ])
+
+
+def test_pack_dataset_per_key_lengths_by_hand():
+  # inputs 4, targets 6. The second example's targets would fit, but its
+  # inputs overflow the first row, so the whole example moves on; the third
+  # one's inputs are cut to 4 tokens (losing their EOS) and fill a row;
+  # trailing zeros of an example are padding, not tokens.
+  ds = _from_examples([{"inputs": [2, 3, 1], "targets": [4, 1]},
+                       {"inputs": [5, 1, 0, 0], "targets": [6, 1]},
+                       {"inputs": [7, 8, 9, 10, 11, 1], "targets": [12, 1]}])
+  packed = dataset.pack_dataset(ds, {"inputs": 4, "targets": 6})
+  _assert_literal_rows(_rows(packed), [
+      {"inputs": [2, 3, 1, 0],
+       "inputs_segmentation": [1, 1, 1, 0],
+       "inputs_position": [0, 1, 2, 0],
+       "targets": [4, 1, 0, 0, 0, 0],
+       "targets_segmentation": [1, 1, 0, 0, 0, 0],
+       "targets_position": [0, 1, 0, 0, 0, 0]},
+      {"inputs": [5, 1, 0, 0],
+       "inputs_segmentation": [1, 1, 0, 0],
+       "inputs_position": [0, 1, 0, 0],
+       "targets": [6, 1, 0, 0, 0, 0],
+       "targets_segmentation": [1, 1, 0, 0, 0, 0],
+       "targets_position": [0, 1, 0, 0, 0, 0]},
+      {"inputs": [7, 8, 9, 10],
+       "inputs_segmentation": [1, 1, 1, 1],
+       "inputs_position": [0, 1, 2, 3],
+       "targets": [12, 1, 0, 0, 0, 0],
+       "targets_segmentation": [1, 1, 0, 0, 0, 0],
+       "targets_position": [0, 1, 0, 0, 0, 0]},
+  ])
+
+
+def test_pack_dataset_groups_of_max_length_examples_by_hand():
+  # Length 3 packs groups of 3 examples: [6, 6] overflows the first row,
+  # and [7] starts a new row although it would fit after [6, 6], because
+  # it belongs to the next group (as in the original).
+  ds = _from_examples([{"targets": [4]}, {"targets": [5]},
+                       {"targets": [6, 6]}, {"targets": [7]}])
+  _assert_literal_rows(_rows(dataset.pack_dataset(ds, 3)), [
+      {"targets": [4, 5, 0], "targets_segmentation": [1, 2, 0],
+       "targets_position": [0, 0, 0]},
+      {"targets": [6, 6, 0], "targets_segmentation": [1, 1, 0],
+       "targets_position": [0, 1, 0]},
+      {"targets": [7, 0, 0], "targets_segmentation": [1, 0, 0],
+       "targets_position": [0, 0, 0]},
+  ])
+
+
 @pytest.mark.parametrize("length,keys,max_len,count", [
     (5, ("inputs", "targets"), 7, 23),
     (8, ("targets",), 6, 30),
@@ -185,6 +264,25 @@ def test_ensure_dataset_eos():
   np.testing.assert_array_equal(row["a"], [5, 6, 1])
   np.testing.assert_array_equal(row["b"], [5, 0])
   np.testing.assert_array_equal(row["c"], [9])
+  every = _rows(dataset.ensure_dataset_eos(ds))[0]
+  np.testing.assert_array_equal(every["c"], [1])
+
+
+def test_pack_or_pad_ensure_eos_on_some_keys():
+  examples = [{"inputs": [3, 4, 5], "targets": [6, 7, 8]}]
+  both = _rows(dataset.pack_or_pad(_from_examples(examples), 2, pack=False,
+                                   ensure_eos=True))[0]
+  np.testing.assert_array_equal(both["inputs"], [3, 1])
+  np.testing.assert_array_equal(both["targets"], [6, 1])
+  some = _rows(dataset.pack_or_pad(_from_examples(examples), 2, pack=False,
+                                   ensure_eos=["targets"]))[0]
+  np.testing.assert_array_equal(some["inputs"], [3, 4])
+  np.testing.assert_array_equal(some["targets"], [6, 1])
+  packed = _rows(dataset.pack_or_pad(_from_examples(examples), 2,
+                                     ensure_eos={"inputs"}))[0]
+  np.testing.assert_array_equal(packed["inputs"], [3, 1])
+  np.testing.assert_array_equal(packed["targets"], [6, 7])
+  np.testing.assert_array_equal(packed["inputs_segmentation"], [1, 1])
 
 
 def test_pack_or_pad():
@@ -339,60 +437,101 @@ def test_eval_dataset_fields():
       "name", "dataset_fn", "postprocess_fn", "metric_fns")
 
 
-class _FakeTfdsLoad:
-  """Stands in for tfds.load: records its arguments, returns given pairs.
+class _MockTfds:
+  """tfds.load through tfds.testing.mock_data, on examples given here.
 
-  (tensorflow-datasets does not load in the test environment: its
-  dependency importlib_resources is missing.)
+  Nothing is read or downloaded: the builder's code supplies the dataset's
+  metadata (supervised keys) and `examples` its records. Records the split
+  and file shuffling each load asked for.
   """
 
-  def __init__(self, pairs):
-    self.pairs = pairs
+  def __init__(self, examples):
+    self.examples = examples
     self.calls = []
 
-  def __call__(self, **kwargs):
-    self.calls.append(kwargs)
-    inputs, targets = zip(*self.pairs)
-    if isinstance(inputs[0], str):
-      return tf.data.Dataset.from_tensor_slices((list(inputs), list(targets)))
-    return tf.data.Dataset.from_generator(
-        lambda: iter(self.pairs),
-        output_signature=(tf.TensorSpec([None], tf.int64),
-                          tf.TensorSpec([None], tf.int64)))
+  def __enter__(self):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+    def as_dataset_fn(builder, split=None, shuffle_files=None, **unused):
+      self.calls.append(dict(name=builder.name, split=split,
+                             shuffle_files=shuffle_files))
+      first = self.examples[0]
+      if isinstance(next(iter(first.values())), str):
+        return tf.data.Dataset.from_tensor_slices(
+            {k: [ex[k] for ex in self.examples] for k in first})
+      return tf.data.Dataset.from_generator(
+          lambda: iter(self.examples),
+          output_signature={k: tf.TensorSpec([None], tf.int64)
+                            for k in first})
+
+    self._mock = tfds.testing.mock_data(as_dataset_fn=as_dataset_fn)
+    self._mock.__enter__()
+    return self
+
+  def __exit__(self, *exc):
+    return self._mock.__exit__(*exc)
 
 
-def test_pretokenized_tfds_dataset(monkeypatch):
-  fake = _FakeTfdsLoad([([4, 5], [6]), ([7], [8, 9])])
-  monkeypatch.setattr(dataset, "_tfds_load", fake)
-  rows = _rows(dataset.pretokenized_tfds_dataset(
-      "some_ds", text2self=False, tfds_data_dir="/data",
-      dataset_split="validation", sequence_length=5))
-  assert fake.calls == [dict(name="some_ds", split="validation",
-                             as_supervised=True, data_dir="/data",
-                             shuffle_files=False)]
-  assert len(rows) == 1
-  np.testing.assert_array_equal(rows[0]["inputs"], [5, 6, 1, 8, 1])
-  np.testing.assert_array_equal(rows[0]["targets"], [7, 1, 9, 10, 1])
-  lm = _rows(dataset.pretokenized_tfds_dataset(
-      "some_ds", text2self=True, tfds_data_dir="/data",
-      dataset_split="validation", sequence_length=3))
-  assert sorted(lm[0]) == [
-      "targets", "targets_position", "targets_segmentation"]
-  np.testing.assert_array_equal(lm[0]["targets"], [7, 1, 0])
+# A TFDS translation dataset: its supervised keys are ("az", "en").
+_TRANSLATION = "ted_hrlr_translate/az_to_en"
 
 
-def test_untokenized_tfds_dataset(monkeypatch):
-  fake = _FakeTfdsLoad([("ab", "c")])
-  monkeypatch.setattr(dataset, "_tfds_load", fake)
-  rows = _rows(dataset.untokenized_tfds_dataset(
-      "some_ds", text2self=False, tfds_data_dir="/data",
-      dataset_split="validation", sequence_length=4,
-      vocabulary=_CharVocabulary(), pack=False))
-  assert fake.calls[0]["as_supervised"] is True
-  a, b, c = (ord(ch) + 2 for ch in "abc")
-  assert sorted(rows[0]) == ["inputs", "targets"]
-  np.testing.assert_array_equal(rows[0]["inputs"], [a, b, 1, 0])
-  np.testing.assert_array_equal(rows[0]["targets"], [c, 1, 0, 0])
+def test_pretokenized_tfds_dataset(tmp_path):
+  with _MockTfds([{"az": [4, 5], "en": [6]},
+                  {"az": [7], "en": [8, 9]}]) as mock:
+    rows = _rows(dataset.pretokenized_tfds_dataset(
+        _TRANSLATION, text2self=False, tfds_data_dir=str(tmp_path),
+        dataset_split="validation", sequence_length=5))
+    # The ids move up by one (the encoders have no EOS id) and end in EOS;
+    # both examples are packed into one row.
+    assert len(rows) == 1
+    np.testing.assert_array_equal(rows[0]["inputs"], [5, 6, 1, 8, 1])
+    np.testing.assert_array_equal(rows[0]["inputs_segmentation"],
+                                  [1, 1, 1, 2, 2])
+    np.testing.assert_array_equal(rows[0]["targets"], [7, 1, 9, 10, 1])
+    np.testing.assert_array_equal(rows[0]["targets_position"],
+                                  [0, 1, 0, 1, 2])
+    lm = _rows(dataset.pretokenized_tfds_dataset(
+        _TRANSLATION, text2self=True, tfds_data_dir=str(tmp_path),
+        dataset_split="validation", sequence_length=3))
+    assert sorted(lm[0]) == [
+        "targets", "targets_position", "targets_segmentation"]
+    np.testing.assert_array_equal(lm[0]["targets"], [7, 1, 0])
+    # The train split is shuffled (files and examples) and endless.
+    train = dataset.pretokenized_tfds_dataset(
+        _TRANSLATION, text2self=True, tfds_data_dir=str(tmp_path),
+        dataset_split="train", sequence_length=3)
+    assert len(list(train.take(7).as_numpy_iterator())) == 7
+  assert [(c["split"], c["shuffle_files"]) for c in mock.calls] == [
+      ("validation", False), ("validation", False), ("train", True)]
+
+
+def test_untokenized_tfds_dataset(tmp_path):
+  a, b, c, d = (ord(ch) + 2 for ch in "abcd")
+  with _MockTfds([{"az": "ab", "en": "c"}, {"az": "d", "en": "dd"}]):
+    rows = _rows(dataset.untokenized_tfds_dataset(
+        _TRANSLATION, text2self=False, tfds_data_dir=str(tmp_path),
+        dataset_split="validation", sequence_length=4,
+        vocabulary=_CharVocabulary(), pack=False))
+    assert sorted(rows[0]) == ["inputs", "targets"]
+    np.testing.assert_array_equal(rows[0]["inputs"], [a, b, 1, 0])
+    np.testing.assert_array_equal(rows[0]["targets"], [c, 1, 0, 0])
+    np.testing.assert_array_equal(rows[1]["targets"], [d, d, 1, 0])
+    packed = _rows(dataset.untokenized_tfds_dataset(
+        _TRANSLATION, text2self=False, tfds_data_dir=str(tmp_path),
+        dataset_split="validation", sequence_length=5,
+        vocabulary=_CharVocabulary(), pack=True))
+    np.testing.assert_array_equal(packed[0]["inputs"], [a, b, 1, d, 1])
+    np.testing.assert_array_equal(packed[0]["targets"], [c, 1, d, d, 1])
+  # text2self reads the dataset's own features: every string one is
+  # encoded and keeps its name.
+  with _MockTfds([{"text": "ab"}]):
+    lm = _rows(dataset.untokenized_tfds_dataset(
+        "lm1b", text2self=True, tfds_data_dir=str(tmp_path),
+        dataset_split="test", sequence_length=4,
+        vocabulary=_CharVocabulary(), pack=False))
+  assert sorted(lm[0]) == ["text"]
+  np.testing.assert_array_equal(lm[0]["text"], [a, b, 1, 0])
 
 
 def test_package_exports_dataset():
