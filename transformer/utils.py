@@ -109,13 +109,32 @@ def parse_gin_defaults_and_flags(skip_unknown=False, finalize_config=True):
       of names to ignore).
     finalize_config: lock the configuration afterwards.
   """
-  for prefix in FLAGS.gin_location_prefix:
-    gin.add_config_file_search_path(prefix)
-  gin.add_config_file_search_path(gin_dir())
+  folders = list(FLAGS.gin_location_prefix) + [gin_dir()]
+  for folder in folders:
+    # For `include` lines inside gin files.
+    gin.add_config_file_search_path(folder)
   gin.parse_config_file(os.path.join(gin_dir(), "defaults.gin"))
-  gin.parse_config_files_and_bindings(FLAGS.gin_file, FLAGS.gin_param,
+  files = [find_gin_file(name, folders) for name in FLAGS.gin_file or ()]
+  gin.parse_config_files_and_bindings(files, FLAGS.gin_param,
                                       skip_unknown=skip_unknown,
                                       finalize_config=finalize_config)
+
+
+def find_gin_file(name, folders):
+  """The path of gin file `name`: as given, else in the first of `folders`
+  that has it ("<name>.gin" also tried).
+
+  Raises:
+    ValueError: naming the file and every place looked in.
+  """
+  candidates = [name] + [os.path.join(f, name) for f in folders]
+  if not name.endswith(".gin"):
+    candidates += [c + ".gin" for c in candidates]
+  for candidate in candidates:
+    if tf.io.gfile.exists(candidate) and not tf.io.gfile.isdir(candidate):
+      return candidate
+  raise ValueError(f"Gin file {name!r} not found; looked for "
+                   f"{', '.join(repr(c) for c in candidates)}.")
 
 
 def get_estimator(model_type, vocabulary, mesh_shape,

@@ -1,0 +1,224 @@
+"""The training binary end to end on a tiny model: every mode of utils.run
+through transformer.main, and its errors.
+
+main runs in this process (flags and gin reset between calls); the test of
+the exit status runs the real binary in a subprocess.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from absl import flags
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mesh_tensorflow.transformer import main as main_lib
+from mesh_tensorflow.transformer import utils
+
+FLAGS = flags.FLAGS
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NUM_EVAL = 12
+TRAIN_STEPS = 6
+
+TINY = [
+    "d_model = 16", "d_ff = 32", "num_heads = 2", "d_kv = 8",
+    "num_layers = 1", "dropout_rate = 0.0",
+    "Unitransformer.max_length = 8",
+    "max_digits = 2",
+    "utils.get_variable_dtype.activation_dtype = 'float32'",
+    "utils.serialize_num_microbatches.tokens_per_microbatch_per_replica = "
+    "None",
+    f"embedded_task.addition_eval_dataset_fn.num_eval_examples = {NUM_EVAL}",
+    "utils.run.mesh_shape = 'batch:2;model:2'",
+    "utils.run.layout_rules = 'batch:batch,d_ff:model,heads:model,"
+    "vocab:model'",
+    "utils.run.batch_size = ('sequences_per_batch', 8)",
+    f"utils.run.train_steps = {TRAIN_STEPS}",
+    "utils.run.iterations_per_loop = 3",
+    "utils.run.save_checkpoints_steps = 3",
+    "utils.run.learning_rate_schedule = 0.01",
+    "utils.run.eval_checkpoint_step = 'latest'",
+]
+GIN_FILES = ["models/bi_base.gin", "problems/addition.gin"]
+
+
+def _argv(model_dir, params=(), files=GIN_FILES):
+  argv = ["main", f"--model_dir={model_dir}", "--noprogress"]
+  argv += [f"--gin_file={f}" for f in files]
+  argv += [f"--gin_param={p}" for p in TINY + list(params)]
+  return argv
+
+
+def run_main(model_dir, *params, files=GIN_FILES, with_errors=False):
+  """Runs the binary's main in this process; returns what utils.run did."""
+  FLAGS.unparse_flags()
+  argv = FLAGS(_argv(model_dir, params, files))
+  gin.clear_config()
+  try:
+    if with_errors:
+      return main_lib.main_with_errors(argv)
+    return main_lib.main(argv)
+  finally:
+    gin.clear_config()
+    FLAGS.unparse_flags()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("run")
+  run_main(model_dir)
+  return model_dir
+
+
+def test_train_writes_checkpoints_command_and_config(trained):
+  names = os.listdir(trained)
+  assert "model.ckpt-3.index" in names and "model.ckpt-6.index" in names
+  assert tf.train.latest_checkpoint(str(trained)).endswith("model.ckpt-6")
+  assert "--gin_file=problems/addition.gin" in (trained / "command").read_text()
+  config = (trained / "operative_config.gin").read_text()
+  assert "utils.run.train_steps = 6" in config
+  assert any(n.startswith("events.out.tfevents") for n in names)
+
+
+def test_train_again_resumes_and_stops_at_train_steps(trained):
+  run_main(trained, f"utils.run.train_steps = {TRAIN_STEPS}")
+  assert tf.train.latest_checkpoint(str(trained)).endswith("model.ckpt-6")
+  assert (trained / "command.1").exists()
+
+
+def test_eval_decodes_held_out_set_and_writes_metrics(trained):
+  results = run_main(trained, "utils.run.mode = 'eval'",
+                     "utils.run.dataset_split = 'validation'")
+  assert set(results) == {TRAIN_STEPS}
+  metrics = results[TRAIN_STEPS]
+  assert 0.0 <= metrics["addition/exact_match"] <= 1.0
+  eval_dir = trained / "validation_eval"
+  predictions = (eval_dir / f"addition_{TRAIN_STEPS}_predictions").read_text()
+  targets = (eval_dir / "addition_targets").read_text()
+  assert len(predictions.splitlines()) == len(targets.splitlines()) == NUM_EVAL
+  inputs = (eval_dir / "addition_inputs").read_text().splitlines()
+  assert all("+" in line for line in inputs)
+
+
+def test_perplexity_eval_weighs_padding_nothing(trained):
+  results = run_main(trained, "utils.run.mode = 'perplexity_eval'",
+                     "utils.run.dataset_split = 'validation'",
+                     "utils.run.perplexity_eval_steps = 4")
+  metrics = results[TRAIN_STEPS]["addition"]
+  # 12 examples in 4 batches of 8: 20 padding examples that count nothing.
+  with open(trained / "validation_eval" / "addition_targets") as f:
+    target_tokens = sum(len(line.rstrip("\n")) + 1 for line in f)  # + EOS
+  assert metrics["num_eval_tokens"] == target_tokens
+  assert 0.0 <= metrics["token_accuracy"] <= 1.0
+  assert metrics["neg_log_perplexity"] < 0
+
+
+def test_infer_from_file(trained, tmp_path):
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("1+2\n30+4\n5+67\n")
+  output = tmp_path / "decodes"
+  run_main(trained, "utils.run.mode = 'infer'",
+           f"decode_from_file.input_filename = '{inputs}'",
+           f"decode_from_file.output_filename = '{output}'")
+  decodes = (tmp_path / f"decodes-{TRAIN_STEPS}").read_text().splitlines()
+  assert len(decodes) == 3
+
+
+def test_score_from_strings(trained, tmp_path):
+  prefix = tmp_path / "scores"
+  scores = run_main(trained, "utils.run.mode = 'score_from_strings'",
+                    "score_from_strings.inputs = ['1+2', '30+4']",
+                    "score_from_strings.targets = ['3', '34']",
+                    f"save_scores.scores_filename = '{prefix}'")
+  assert len(scores) == 2 and all(s < 0 for s in scores)
+  written = [float(x) for x in (tmp_path / "scores.scores").read_text()
+             .split()]
+  np.testing.assert_allclose(written, scores, rtol=1e-5)
+  assert (tmp_path / "scores.targets").read_text().splitlines() == ["3", "34"]
+  assert (tmp_path / "scores.inputs").read_text().splitlines() == [
+      "1+2", "30+4"]
+
+
+def test_export_and_serve_one_request(trained, tmp_path):
+  export_dir = run_main(trained, "utils.run.mode = 'export_infer'",
+                        f"utils.run.export_path = '{tmp_path / 'export'}'")
+  assert os.path.isdir(export_dir)
+  served = tf.saved_model.load(export_dir).signatures["serving_default"]
+  outputs = served(inputs=tf.constant(["1+2", "30+4", "5+67"]))["outputs"]
+  assert outputs.shape == [3] and outputs.dtype == tf.string
+  # The export decodes as the estimator does.
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("1+2\n30+4\n5+67\n")
+  decodes = run_main(trained, "utils.run.mode = 'infer'",
+                     f"decode_from_file.input_filename = '{inputs}'",
+                     f"decode_from_file.output_filename = "
+                     f"'{tmp_path / 'out'}'")
+  del decodes
+  expected = (tmp_path / f"out-{TRAIN_STEPS}").read_text().splitlines()
+  assert [o.decode() for o in outputs.numpy()] == expected
+
+
+@pytest.mark.parametrize("params, files, message", [
+    ((), GIN_FILES + ["models/no_such_model.gin"],
+     r"Gin file 'models/no_such_model.gin' not found"),
+    (("utils.run.train_stepz = 3",), GIN_FILES,
+     r"doesn't have a parameter named 'train_stepz'"),
+    (("utils.run.mesh_shape = 'batch:3'",
+      "utils.run.layout_rules = 'batch:batch'"), GIN_FILES,
+     r"batch.*3"),
+])
+def test_bad_input_gives_one_paragraph_and_exit_1(tmp_path, capsys, params,
+                                                   files, message):
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(tmp_path / "run", *params, files=files, with_errors=True)
+  assert exit_info.value.code == 1
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert error.startswith("error: ")
+  assert pytest.importorskip("re").search(message, error), error
+  assert "Traceback" not in capsys.readouterr().err
+
+
+def test_unreadable_checkpoint_is_named(trained, tmp_path, capsys):
+  broken = tmp_path / "broken"
+  broken.mkdir()
+  for name in os.listdir(trained):
+    if name.startswith(("model.ckpt-6", "checkpoint")):
+      data = (trained / name).read_bytes()
+      if name.endswith(".index"):
+        data = data[:len(data) // 2]  # Truncated.
+      (broken / name).write_bytes(data)
+  with pytest.raises(SystemExit):
+    run_main(broken, "utils.run.mode = 'export_infer'",
+             f"utils.run.export_path = '{tmp_path / 'export'}'",
+             with_errors=True)
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "model.ckpt-6" in error, error
+
+
+def test_binary_exit_status(tmp_path):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get(
+                 "PYTHONPATH", ""))
+  argv = _argv(tmp_path, files=["models/no_such.gin"])
+  result = subprocess.run(
+      [sys.executable, "-m", "mesh_tensorflow.transformer.main"] + argv[1:],
+      capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+      check=False)
+  assert result.returncode == 1
+  assert "error: ValueError: Gin file 'models/no_such.gin' not found" in (
+      result.stderr)
+  assert "Traceback" not in result.stderr
+
+
+def test_gin_file_lookup_order(tmp_path):
+  own = tmp_path / "models"
+  own.mkdir()
+  (own / "mine.gin").write_text("")
+  assert utils.find_gin_file("models/mine.gin", [str(tmp_path)]) == str(
+      own / "mine.gin")
+  assert utils.find_gin_file("models/tiny", [utils.gin_dir()]).endswith(
+      "models/tiny.gin")

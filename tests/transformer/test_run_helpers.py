@@ -1,0 +1,151 @@
+"""The helpers of utils.run: batch sizes, steps, checkpoints, encoding."""
+
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer import vocabulary
+
+LENGTHS = {"inputs": 16, "targets": 32}
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+@pytest.mark.parametrize("method_and_value, want", [
+    (("sequences_per_batch", 24), 24),
+    (("tokens_per_batch", 256), 8),
+    (("sequences_per_replica", 3), 3 * 4 * 2),
+    (("tokens_per_replica", 64), 2 * 4 * 2),
+])
+def test_compute_batch_size(method_and_value, want):
+  # batch splits 4 ways, outer_batch 2 ways; the longest feature counts.
+  got = utils.compute_batch_size(LENGTHS, "b:4;m:2;o:2",
+                                 "batch:b;outer_batch:o", method_and_value)
+  assert got == want
+
+
+def test_compute_batch_size_errors_name_the_problem():
+  with pytest.raises(ValueError, match="do not divide into sequences"):
+    utils.compute_batch_size(LENGTHS, "b:2", "batch:b",
+                             ("tokens_per_batch", 100))
+  with pytest.raises(ValueError, match="unknown"):
+    utils.compute_batch_size(LENGTHS, "b:2", "batch:b", ("tokens", 64))
+
+
+def test_serialize_num_microbatches():
+  batch = mtf.Dimension("batch", 48)
+  assert utils.serialize_num_microbatches(batch, LENGTHS, "b:4", "batch:b",
+                                          None) == 1
+  # 12 sequences per replica; 64 tokens hold 2 sequences of 32 -> 6.
+  assert utils.serialize_num_microbatches(batch, LENGTHS, "b:4", "batch:b",
+                                          64) == 6
+  # 5 sequences do not divide 12: the microbatch shrinks to 4 -> 3.
+  assert utils.serialize_num_microbatches(batch, LENGTHS, "b:4", "batch:b",
+                                          160) == 3
+
+
+def test_auto_train_steps():
+  assert utils.auto_train_steps(8, LENGTHS, train_tokens=2**20) == 2**20 // 256
+  assert utils.auto_train_steps(8, 16, train_tokens=1024) == 8
+
+
+def _touch_checkpoints(model_dir, steps):
+  for step in steps:
+    for suffix in (".index", ".data-00000-of-00001"):
+      open(os.path.join(model_dir, f"model.ckpt-{step}{suffix}"), "w").close()
+
+
+def test_get_checkpoint_iterator(tmp_path):
+  model_dir = str(tmp_path)
+  _touch_checkpoints(model_dir, [100, 200, 300])
+  path = lambda s: os.path.join(model_dir, f"model.ckpt-{s}")
+  it = utils.get_checkpoint_iterator
+  assert list(it(190, model_dir)) == [path(200)]
+  assert list(it([90, 110, 290], model_dir)) == [path(100), path(300)]
+  assert list(it("all", model_dir)) == [path(s) for s in (100, 200, 300)]
+  assert list(it("all", model_dir, skip_until=100)) == [path(200), path(300)]
+  assert list(it("latest", model_dir)) == [path(300)]
+  waiting = it(None, model_dir, skip_until=150, stop_after=300)
+  assert list(waiting) == [path(300)]
+  with pytest.raises(ValueError, match="No checkpoint of step 150"):
+    it(150, model_dir, find_closest=False)
+  with pytest.raises(ValueError, match="No checkpoint files"):
+    it(5, str(tmp_path / "empty"))
+
+
+def test_get_step_from_checkpoint_path():
+  assert utils.get_step_from_checkpoint_path("/a/model.ckpt-1234") == 1234
+  assert utils.get_step_from_checkpoint_path(
+      "/a/model.ckpt-7.index") == 7
+  with pytest.raises(ValueError, match="model.ckpt-<step>"):
+    utils.get_step_from_checkpoint_path("/a/ckpt-5")
+
+
+def test_flexible_ckpt_init_mapping_skips_new_layers():
+  mapping = utils.flexible_ckpt_init_mapping(new_layers=[1])
+  assert mapping("decoder/block_000/layer_000/SelfAttention/q") == (
+      "decoder/block_000/layer_000/SelfAttention/q")
+  assert mapping("decoder/block_000/layer_001/EncDecAttention/q") is None
+  assert mapping("decoder/block_000/layer_002/DenseReluDense/wi/kernel") == (
+      "decoder/block_000/layer_001/DenseReluDense/wi/kernel")
+  assert mapping("shared/embedding") == "shared/embedding"
+
+
+def test_clean_decodes():
+  ids = tf.constant([[5, 6, 1, 7, 8], [1, 3, 3, 1, 4], [4, 4, 4, 4, 4]])
+  np.testing.assert_array_equal(
+      utils.clean_decodes(ids).numpy(),
+      [[5, 6, 1, 0, 0], [1, 0, 0, 0, 0], [4, 4, 4, 4, 4]])
+
+
+def test_encode_inputs_pads_rows_and_batches():
+  vocab = vocabulary.ByteVocabulary()
+  ids = utils.encode_inputs(["ab", "abcdef"], vocab, "bitransformer",
+                            batch_size=4, sequence_length=5)
+  a, b = 97 + 3, 98 + 3
+  np.testing.assert_array_equal(ids, [
+      [a, b, 1, 0, 0],
+      [a, b, 99 + 3, 100 + 3, 101 + 3],  # Truncated: no room for EOS.
+      [a, b, 1, 0, 0],  # Padding rows repeat the first.
+      [a, b, 1, 0, 0]])
+  lm = utils.encode_inputs(["ab"], vocab, "lm", batch_size=1,
+                           sequence_length=4)
+  np.testing.assert_array_equal(lm, [[a, b, 0, 0]])  # A prefix: no EOS.
+  prefixed = utils.encode_inputs(["b"], vocab, "bitransformer", 1, 4,
+                                 unscored_prefix=["a"])
+  np.testing.assert_array_equal(prefixed, [[-a, b, 1, 0]])
+
+
+def test_encode_delimited_lm():
+  vocab = vocabulary.ByteVocabulary()
+  ids = utils.encode_delimited_lm(["a"], ["bc"], vocab, batch_size=2,
+                                  sequence_length=6)
+  np.testing.assert_array_equal(ids, [[100, 1, 101, 102, 1, 0]] * 2)
+
+
+def test_get_inputs_from_file(tmp_path):
+  path = tmp_path / "in.txt"
+  path.write_text("# comment\n1+2\n\n3+4\n")
+  assert utils.get_inputs_from_file(str(path)) == ["# comment", "1+2", "",
+                                                   "3+4"]
+  assert utils.get_inputs_from_file(str(path), ignore_comments=True) == [
+      "1+2", "", "3+4"]
+  with pytest.raises(ValueError, match="does not exist"):
+    utils.get_inputs_from_file(str(tmp_path / "missing.txt"))
+
+
+def test_vocabulary_pairs():
+  inputs, targets = vocabulary.ByteVocabulary(), vocabulary.ByteVocabulary(2)
+  assert utils.inputs_vocabulary((inputs, targets)) is inputs
+  assert utils.targets_vocabulary((inputs, targets)) is targets
+  assert utils.targets_vocabulary(inputs) is inputs
