@@ -101,18 +101,14 @@ class Estimator:
     return values[name]
 
   def _checkpoint_values(self):
-    path = self._require_checkpoint()
-    reader = tf.train.load_checkpoint(path)
-    values = {}
-    for key in reader.get_variable_to_shape_map():
-      parts = key.split("/.ATTRIBUTES/")
-      if len(parts) != 2 or parts[1] != "VARIABLE_VALUE":
-        continue
-      if parts[0] == "global_step":
-        values["global_step"] = reader.get_tensor(key)
-    for name, value in checkpointing.load_variables(
-        path, prefix="model").items():
-      values.setdefault(name, value)
+    """{mtf name: value} of the latest checkpoint (either format), plus
+    "global_step"."""
+    reader = checkpoints.open_checkpoint(self._require_checkpoint())
+    values = {name: reader.get_tensor(key) for name, key in
+              checkpointing.variable_keys(reader).items()}
+    key = checkpoints.step_key(reader)
+    if key is not None:
+      values["global_step"] = reader.get_tensor(key)
     return values
 
   def _require_checkpoint(self, path=None):
@@ -179,6 +175,10 @@ class Estimator:
         self.model_dir, mesh_impl, global_step,
         max_to_keep=self._config.keep_checkpoint_max)
     restored = checkpointer.restore(checkpoint_path)
+    if (restored is None and mode == ModeKeys.TRAIN and
+        self._config.init_checkpoint):
+      checkpointer.warm_start(self._config.init_checkpoint,
+                              self._config.init_variable_filter)
     logging.info("Estimator %s: mesh %s, layout %r, %s, global step %d",
                  mode, mesh_impl.shape.to_string, self._config.layout,
                  type(mesh_impl).__name__, int(global_step.numpy()))
@@ -243,8 +243,10 @@ class Estimator:
       try:
         loss = float(loop(iterator, n))
       except tf.errors.OutOfRangeError:
+        checkpointer.after_first_trace()
         step = int(global_step.numpy())
         break
+      checkpointer.after_first_trace()
       step = int(global_step.numpy())
       if not np.isfinite(loss):
         raise FloatingPointError(f"Loss is {loss} at step {step}.")
@@ -320,7 +322,7 @@ class Estimator:
     """Mean loss and metrics over `steps` batches (or all of input_fn's);
     returns them with "global_step"."""
     del hooks
-    mesh_impl, global_step, _, _ = self._start(
+    mesh_impl, global_step, checkpointer, _ = self._start(
         ModeKeys.EVAL, checkpoint_path, require_checkpoint=True)
 
     def model_program(features, labels):
@@ -339,6 +341,7 @@ class Estimator:
     totals, count = {}, 0
     for element in dataset:
       outputs = eval_step(*inputs.split_element(element))
+      checkpointer.after_first_trace()
       for key, value in outputs.items():
         totals[key] = totals.get(key, 0.0) + float(value)
       count += 1
@@ -363,7 +366,7 @@ class Estimator:
               checkpoint_path=None, yield_single_examples=True):
     """Yields the predictions of each example (or batch) as NumPy."""
     del hooks
-    mesh_impl, global_step, _, _ = self._start(
+    mesh_impl, global_step, checkpointer, _ = self._start(
         ModeKeys.PREDICT, checkpoint_path, require_checkpoint=True)
 
     def model_program(features):
@@ -381,6 +384,7 @@ class Estimator:
     for element in dataset:
       features, _ = inputs.split_element(element)
       batch = {k: v.numpy() for k, v in predict_step(features).items()}
+      checkpointer.after_first_trace()
       if not yield_single_examples:
         yield batch
         continue
@@ -406,9 +410,9 @@ class Estimator:
     receiver = serving_input_receiver_fn()
     mesh_impl = mesh_impls.make_serving_mesh_impl()
     global_step = _new_global_step(mesh_impl)
-    status = tf.train.Checkpoint(model=mesh_impl,
-                                 global_step=global_step).restore(path)
-    status.expect_partial()
+    checkpointer = checkpoints.Checkpointer(self.model_dir, mesh_impl,
+                                            global_step)
+    checkpointer.restore(path)
 
     def predict_fn(features):
       return self._call_model_fn(features, None, ModeKeys.PREDICT,
@@ -418,7 +422,7 @@ class Estimator:
     with tf.device("/device:CPU:0"):
       result = export.save_serving_model(
           export_dir_base, predict_fn, receiver,
-          after_trace=status.assert_existing_objects_matched)
+          after_trace=lambda: checkpointer.after_first_trace(strict=True))
     logging.info("Exported SavedModel from %s to %s", path, result)
     return result
 
