@@ -35,6 +35,7 @@ from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import export
 from mesh_tensorflow.estimator import inputs
 from mesh_tensorflow.estimator import mesh_impls
+from mesh_tensorflow.estimator import metrics as metrics_lib
 from mesh_tensorflow.estimator import run_config as run_config_lib
 from mesh_tensorflow.estimator import step_logger
 from mesh_tensorflow.estimator.mode_keys import ModeKeys
@@ -319,18 +320,26 @@ class Estimator:
 
   def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None,
                name=None):
-    """Mean loss and metrics over `steps` batches (or all of input_fn's);
-    returns them with "global_step"."""
+    """Loss and metrics over `steps` batches (or all of input_fn's);
+    returns them with "global_step".
+
+    The loss and plain-tensor metrics are the mean of their per-batch
+    values; `metrics.mean`, `metrics.sum` and `metrics.max` are accumulated
+    over every example (see mesh_tensorflow.estimator.metrics).
+    """
     del hooks
     mesh_impl, global_step, checkpointer, _ = self._start(
         ModeKeys.EVAL, checkpoint_path, require_checkpoint=True)
+    reductions = {}
 
     def model_program(features, labels):
       spec = self._call_model_fn(features, labels, ModeKeys.EVAL, mesh_impl,
                                  global_step)
-      outputs = {"loss": spec.loss}
-      outputs.update(spec.eval_metric_ops)
-      return {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
+      ops = {"loss": spec.loss}
+      ops.update(spec.eval_metric_ops)
+      outputs, kinds = metrics_lib.batch_outputs(ops)
+      reductions.update(kinds)
+      return outputs
 
     run = mesh_impls.mesh_runner(mesh_impl, model_program)
     eval_step = tf.function(run, autograph=False)
@@ -338,16 +347,16 @@ class Estimator:
         input_fn, self._input_params(ModeKeys.EVAL))
     if steps is not None:
       dataset = dataset.take(steps)
-    totals, count = {}, 0
+    accumulator = None
     for element in dataset:
       outputs = eval_step(*inputs.split_element(element))
       checkpointer.after_first_trace()
-      for key, value in outputs.items():
-        totals[key] = totals.get(key, 0.0) + float(value)
-      count += 1
-    if not count:
+      if accumulator is None:
+        accumulator = metrics_lib.Accumulator(reductions)
+      accumulator.add(tf.nest.map_structure(lambda t: t.numpy(), outputs))
+    if accumulator is None:
       raise ValueError("evaluate: input_fn gave no batches.")
-    results = {k: v / count for k, v in totals.items()}
+    results = accumulator.results()
     results["global_step"] = int(global_step.numpy())
     eval_dir = f"{self.model_dir}/eval" + (f"_{name}" if name else "")
     writer = tf.summary.create_file_writer(eval_dir)
