@@ -232,7 +232,6 @@ def load_variables(checkpoint, prefix=None):
   return values
 
 
-
 def is_name_based(reader):
   """True if a checkpoint (a CheckpointReader) is a TF1 `Saver` one: keys
   are variable names, with no object graph (the original library's kind)."""
@@ -261,7 +260,8 @@ def variable_keys(reader, prefix="model"):
 
 def _tracked_nodes(node, prefix=""):
   """(mtf name, SlicedVariableNode) of every variable tracked under node."""
-  for part, child in node._trackable_children().items():  # pylint: disable=protected-access
+  children = node._trackable_children()  # pylint: disable=protected-access
+  for part, child in children.items():
     name = prefix + part
     if isinstance(child, SlicedVariableNode):
       yield name, child

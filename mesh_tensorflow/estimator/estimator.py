@@ -6,6 +6,15 @@ estimator made from its RunConfig) and returns an EstimatorSpec of the
 lowered TF tensors. Every call of train, evaluate or predict makes a fresh
 mesh implementation and restores the latest checkpoint into it, as
 tf.estimator rebuilt its graph, so each call sees what the checkpoints hold.
+Checkpoints of the original library (TF1 name-based, e.g. T5's) restore too
+(see checkpoints.py). While model_dir has no checkpoint, `train` starts from
+RunConfig's `init_checkpoint` (variables and global step, optionally only
+those `init_variable_filter` matches); evaluate, predict and export need a
+checkpoint in model_dir or `checkpoint_path`.
+
+`evaluate` accumulates `metrics.mean` / `sum` / `max` over the whole
+evaluation set and averages the loss and plain-tensor metrics over the
+batches.
 
 Training runs `iterations_per_loop` steps per call of one compiled
 tf.function. The estimator owns the one training step, an int64 variable
@@ -190,7 +199,8 @@ class Estimator:
   def train(self, input_fn, hooks=None, steps=None, max_steps=None,
             saving_listeners=None):
     """Trains for `steps` more steps, or up to global step `max_steps`, or
-    until input_fn's data ends; resumes from the latest checkpoint.
+    until input_fn's data ends; resumes from the latest checkpoint (either
+    format), else warm-starts from RunConfig's init_checkpoint, if any.
 
     saving_listeners get tf.estimator's CheckpointSaverListener calls
     (begin, before_save, after_save, end; the session argument is None); an

@@ -20,15 +20,18 @@ from mesh_tensorflow import estimator
 from mesh_tensorflow import placement_variables
 from tests.estimator import original_checkpoint as orig
 
-MESHES = {"one": ("all:1", ""), "2d": ("b:2;m:4", orig.LAYOUT_2D)}
+MESHES = {"one": ("all:1", "", "placement"),
+          "2d": ("b:2;m:4", orig.LAYOUT_2D, "placement"),
+          "2d_simd": ("b:2;m:4", orig.LAYOUT_2D, "simd")}
 STEPS = 2
 
 
 def make(model_dir, mesh="one", **config_kwargs):
   """(Estimator of the original-format model, list of its mesh impls)."""
-  mesh_shape, layout = MESHES[mesh]
+  mesh_shape, layout, mesh_impl = MESHES[mesh]
   config = estimator.RunConfig(model_dir=str(model_dir),
                                mesh_shape=mesh_shape, layout=layout,
+                               mesh_impl=mesh_impl,
                                save_checkpoints_steps=100, **config_kwargs)
   impls = []
   return estimator.Estimator(orig.model_fn, config=config,
@@ -44,7 +47,7 @@ def values(est):
           for name in est.get_variable_names()}
 
 
-@pytest.mark.parametrize("mesh", ["one", "2d"])
+@pytest.mark.parametrize("mesh", list(MESHES))
 def test_predict_from_original_checkpoint_equals_numpy(tmp_path, mesh,
                                                        caplog):
   path = original(tmp_path / "original")
@@ -122,7 +125,7 @@ def test_training_resumes_at_the_original_step_directly_or_warm(tmp_path,
 def test_2d_autostacked_run_matches_one_processor(tmp_path):
   path = original(tmp_path / "original")
   runs = {}
-  for mesh in MESHES:
+  for mesh in ("one", "2d"):
     est, _ = make(tmp_path / mesh, mesh, init_checkpoint=path)
     est.train(orig.input_fn, steps=STEPS)
     runs[mesh] = values(est)
