@@ -134,7 +134,7 @@ def test_2d_autostacked_run_matches_one_processor(tmp_path):
                                atol=1e-6, err_msg=name)
 
 
-def test_init_variable_filter_loads_only_matching_variables(tmp_path):
+def test_init_variable_filter_and_warm_start_from_our_format(tmp_path):
   path = original(tmp_path / "original")
   est, _ = make(tmp_path / "model", init_checkpoint=path,
                 init_variable_filter=r"^shared/")
@@ -146,6 +146,17 @@ def test_init_variable_filter_loads_only_matching_variables(tmp_path):
                              rtol=0.05, atol=0.02)
   q = est.get_variable_value(orig.Q)
   assert not np.allclose(q, orig.VALUES[orig.Q], rtol=0.05, atol=0.02)
+
+  # Warm-starting from a directory of our own (object-based) checkpoints
+  # continues like resuming in it.
+  warm, _ = make(tmp_path / "warm", init_checkpoint=str(tmp_path / "model"))
+  warm.train(orig.input_fn, steps=1)
+  est.train(orig.input_fn, steps=1)
+  assert warm.get_variable_value("global_step") == 2
+  resumed, warmed = values(est), values(warm)
+  assert set(resumed) == set(warmed)
+  for name, value in resumed.items():
+    np.testing.assert_allclose(warmed[name], value, rtol=1e-6, err_msg=name)
 
 
 def test_shape_mismatch_names_variable_shapes_and_file(tmp_path):
