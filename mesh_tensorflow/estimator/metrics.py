@@ -59,39 +59,50 @@ def _float(values, what):
   return tf.cast(values, tf.float32)
 
 
-def mean(values, weights=None):
+def mean(values, weights=None, metrics_collections=None,
+         updates_collections=None, name=None):
   """Weighted running mean over the evaluation set (see module docstring).
+
+  The arguments are `tf.compat.v1.metrics.mean`'s; the collections have no
+  meaning without sessions and are ignored; `name` scopes the ops.
 
   Raises:
     ValueError: weights do not broadcast to the values' shape.
   """
-  values = _float(values, "mean")
-  if weights is None:
-    return Metric(MEAN, {
-        "total": tf.reduce_sum(values),
-        "count": tf.cast(tf.size(values), tf.float32)})
-  weights = _float(weights, "mean")
-  try:
-    weights = tf.broadcast_to(weights, tf.shape(values))
-  except (ValueError, tf.errors.InvalidArgumentError) as e:
-    raise ValueError(f"metrics.mean: weights of shape {weights.shape} do not "
-                     f"broadcast to values of shape {values.shape}.") from e
-  weighted = tf.where(tf.equal(weights, 0.0), tf.zeros_like(values),
-                      values * weights)
-  return Metric(MEAN, {"total": tf.reduce_sum(weighted),
-                       "count": tf.reduce_sum(weights)})
+  del metrics_collections, updates_collections
+  with tf.name_scope(name or "mean"):
+    values = _float(values, "mean")
+    if weights is None:
+      return Metric(MEAN, {
+          "total": tf.reduce_sum(values),
+          "count": tf.cast(tf.size(values), tf.float32)})
+    weights = _float(weights, "mean")
+    try:
+      weights = tf.broadcast_to(weights, tf.shape(values))
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+      raise ValueError(f"metrics.mean: weights of shape {weights.shape} do "
+                       f"not broadcast to values of shape "
+                       f"{values.shape}.") from e
+    weighted = tf.where(tf.equal(weights, 0.0), tf.zeros_like(values),
+                        values * weights)
+    return Metric(MEAN, {"total": tf.reduce_sum(weighted),
+                         "count": tf.reduce_sum(weights)})
 
 
-def sum(values):  # pylint: disable=redefined-builtin
-  """Running total of every element over the evaluation set."""
-  return Metric(SUM, {"total": tf.reduce_sum(_float(values, "sum"))})
+def sum(values, name=None):  # pylint: disable=redefined-builtin
+  """Running total of every element over the evaluation set (the
+  original's `utils.metric_sum`)."""
+  with tf.name_scope(name or "sum"):
+    return Metric(SUM, {"total": tf.reduce_sum(_float(values, "sum"))})
 
 
-def max(values):  # pylint: disable=redefined-builtin
-  """Running maximum of every element over the evaluation set."""
-  values = _float(values, "max")
-  return Metric(MAX, {"max": tf.reduce_max(
-      tf.concat([tf.reshape(values, [-1]), [-math.inf]], 0))})
+def max(values, name=None):  # pylint: disable=redefined-builtin
+  """Running maximum of every element over the evaluation set (the
+  original's `utils.metric_max`, which started from 0 instead of -inf)."""
+  with tf.name_scope(name or "max"):
+    values = _float(values, "max")
+    return Metric(MAX, {"max": tf.reduce_max(
+        tf.concat([tf.reshape(values, [-1]), [-math.inf]], 0))})
 
 
 def batch_outputs(metric_ops):

@@ -136,3 +136,7 @@ def test_bad_weights_and_values_are_named():
   with pytest.raises(TypeError, match="metrics.sum"):
     metrics.sum(tf.constant(["a"]))
   assert mtf.estimator.metrics is metrics
+  # tf.compat.v1.metrics.mean's and the original's metric_sum's arguments.
+  assert metrics.mean([1.0], [1.0], None, None, "xent").reduction == "mean"
+  assert metrics.sum([1.0], name="num_eval_tokens").reduction == "sum"
+  assert metrics.max([1.0], name="max_targets_length").reduction == "max"
