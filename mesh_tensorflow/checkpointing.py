@@ -18,9 +18,16 @@ In `tf.compat.v1` graph mode each mtf variable also has a master variable
 named exactly like it; `tf.compat.v1.train.Saver` saves those, after
 `Lowering.copy_slices_to_masters()`, as in the original library.
 `load_variables` reads either kind of checkpoint back by mtf name.
+
+The original library's checkpoints are name-based (`tf.compat.v1.train.Saver`
+of the master variables: key = mtf name, whole value, master dtype, plus
+"global_step"). `ValueRestore` fills a mesh implementation's variables from
+such a checkpoint (or from an object-based one) by mtf name, as the lowering
+creates them, so they load under any mesh, layout or autostacking.
 """
 
 import functools
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
@@ -30,7 +37,10 @@ from mesh_tensorflow import shape as shape_lib
 Trackable = tf.__internal__.tracking.Trackable
 
 VALUE_KEY = "VARIABLE_VALUE"
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _ATTRIBUTES = "/.ATTRIBUTES/"
+# root (a mesh implementation) -> [ValueRestore], offered every new variable.
+_PENDING = weakref.WeakKeyDictionary()
 
 
 class ScopeNode(Trackable):
@@ -67,6 +77,8 @@ def track(root, name, node):
     parent._track_trackable(child, part, overwrite=True)  # pylint: disable=protected-access
     parent._handle_deferred_dependencies(part, child)  # pylint: disable=protected-access
     parent = child
+  for restore in _PENDING.get(root, ()):
+    restore.fill(name, node)
 
 
 def _slice_spec(full_shape, begin, size):
@@ -107,9 +119,26 @@ class SlicedVariableNode(ScopeNode):
     with tf.device(self._devices[pnum]):
       return tf.cast(self._storage.slice_value(pnum), self._master_dtype)
 
+  @property
+  def shape(self):
+    return self._shape
+
   def assign_block(self, pnum, value):
     with tf.device(self._devices[pnum]):
       return self._storage.assign_slice(pnum, value)
+
+  def assign_full(self, value):
+    """Eagerly gives every processor its slice of the full `value`."""
+    with tf.init_scope():
+      with tf.device("/cpu:0"):
+        full = tf.cast(tf.convert_to_tensor(value), self._master_dtype)
+      size = self._mesh_impl.slice_shape(self._shape)
+      for _, pnums in self.blocks():
+        begin = self._mesh_impl.slice_begin(self._shape, pnums[0])
+        with tf.device("/cpu:0"):
+          block = tf.slice(full, begin, size) if size else full
+        for pnum in pnums:
+          self.assign_block(pnum, block)
 
   def blocks(self):
     """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
@@ -202,3 +231,100 @@ def load_variables(checkpoint, prefix=None):
     values[name] = reader.get_tensor(key)
   return values
 
+
+def is_name_based(reader):
+  """True if a checkpoint (a CheckpointReader) is a TF1 `Saver` one: keys
+  are variable names, with no object graph (the original library's kind)."""
+  return not reader.has_tensor(OBJECT_GRAPH_KEY)
+
+
+def variable_keys(reader, prefix="model"):
+  """{mtf name: checkpoint key} of the mtf variables of a checkpoint.
+
+  Name-based checkpoints key each variable by its name; object-based ones
+  by its object path under `prefix` (see the module docstring).
+  """
+  keys = {}
+  for key in reader.get_variable_to_shape_map():
+    if key.startswith(OBJECT_GRAPH_KEY):
+      continue
+    if _ATTRIBUTES not in key:
+      keys[key] = key
+      continue
+    path, attribute = key.split(_ATTRIBUTES, 1)
+    parts = [_unescape(p) for p in path.split("/")]
+    if attribute == VALUE_KEY and parts[0] == prefix and len(parts) > 1:
+      keys["/".join(parts[1:])] = key
+  return keys
+
+
+def _tracked_nodes(node, prefix=""):
+  """(mtf name, SlicedVariableNode) of every variable tracked under node."""
+  children = node._trackable_children()  # pylint: disable=protected-access
+  for part, child in children.items():
+    name = prefix + part
+    if isinstance(child, SlicedVariableNode):
+      yield name, child
+    if isinstance(child, ScopeNode):
+      yield from _tracked_nodes(child, name + "/")
+
+
+class ValueRestore:
+  """Fills mtf variables from whole values in a checkpoint, by mtf name.
+
+  Attached to a mesh implementation, it fills the variables tracked under
+  it now and every variable the lowering creates later (each processor
+  gets its slice; autostacked variables member by member), casting the
+  stored value to the variable's master dtype.
+
+  Args:
+    path: the checkpoint prefix (named in errors).
+    reader: its tf.train.CheckpointReader.
+    keys: {mtf name: checkpoint key} of the values to load.
+    wanted: optional predicate on mtf names; variables it rejects keep
+      their initial values without being reported missing.
+  """
+
+  def __init__(self, path, reader, keys, wanted=None):
+    self._path = path
+    self._reader = reader
+    self._keys = dict(keys)
+    self._wanted = wanted
+    self._seen = set()
+    self.restored = []
+    self.missing = []
+
+  @property
+  def path(self):
+    return self._path
+
+  def attach(self, root):
+    """Fills root's variables, now and as they are created."""
+    _PENDING.setdefault(root, []).append(self)
+    for name, node in list(_tracked_nodes(root)):
+      self.fill(name, node)
+
+  def fill(self, name, node):
+    """Loads variable `name` (its checkpoint node) if the checkpoint has it.
+
+    Raises:
+      ValueError: the stored value's shape differs from the variable's.
+    """
+    if not isinstance(node, SlicedVariableNode) or name in self._seen:
+      return
+    self._seen.add(name)
+    if self._wanted is not None and not self._wanted(name):
+      return
+    key = self._keys.get(name)
+    if key is None:
+      self.missing.append(name)
+      return
+    value = self._reader.get_tensor(key)
+    stored = list(value.shape)
+    if stored != node.shape.to_integer_list:
+      raise ValueError(
+          f"Checkpoint {self._path}: variable {name!r} has shape {stored} "
+          f"there, but the model's variable has shape "
+          f"{node.shape.to_integer_list} ({node.shape}).")
+    node.assign_full(value)
+    self.restored.append(name)

@@ -18,6 +18,18 @@ The step is held once. Checkpoints of earlier versions of this project may
 also hold an mtf variable "global_step" (under "model/"), which optimizers
 with schedules used to create; it is ignored, and a checkpoint holding only
 that one gives the estimator's step its value.
+
+`Checkpointer.restore` also reads the original library's checkpoints
+(TF1 `tf.compat.v1.train.Saver`, e.g. T5's published ones): one key per mtf
+variable, its mtf name, holding the whole value (often bfloat16), and an
+int64 "global_step". Such a checkpoint is recognised by its lack of an
+object graph; each mtf variable it names is filled, cast to the variable's
+master dtype, when the lowering creates it (checkpointing.ValueRestore),
+and the step at once. `Checkpointer.warm_start` does the same from a
+checkpoint of either kind outside model_dir, optionally only for the
+variables a regex matches (the original's init_checkpoint). Variables the
+checkpoint lacks keep their initial values; `after_first_trace` names them
+in one warning.
 """
 
 import glob
@@ -27,10 +39,16 @@ import re
 from absl import logging
 import tensorflow as tf
 
+from mesh_tensorflow import checkpointing
+from mesh_tensorflow import simd_mesh_impl
+
 CHECKPOINT_NAME = "model.ckpt"
 INPUT_PIPELINE = "input_pipeline"
 GLOBAL_STEP_KEY = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
 _MTF_GLOBAL_STEP_KEY = "model/global_step/.ATTRIBUTES/VARIABLE_VALUE"
+NAME_BASED_GLOBAL_STEP_KEY = "global_step"
+# Variables of ours the original's checkpoints never hold (not reported).
+_INTERNAL_VARIABLES = frozenset([simd_mesh_impl.RANDOM_STEP])
 _NUMBERED = re.compile(re.escape(CHECKPOINT_NAME) + r"-(\d+)(_temp)?(\..*)?$")
 
 
@@ -39,6 +57,38 @@ def latest_checkpoint(model_dir):
   if not model_dir or not tf.io.gfile.exists(model_dir):
     return None
   return tf.train.latest_checkpoint(model_dir)
+
+
+def open_checkpoint(path, what="checkpoint"):
+  """tf.train.load_checkpoint(path); ValueError naming `path` if unreadable.
+
+  `path` is a checkpoint prefix or a directory (its latest checkpoint).
+  """
+  try:
+    return tf.train.load_checkpoint(path)
+  except (tf.errors.OpError, ValueError) as e:
+    message = getattr(e, "message", str(e))
+    raise ValueError(f"Could not read {what} {path!r}: not a checkpoint "
+                     f"prefix or a directory holding one. TensorFlow said: "
+                     f"{message}") from e
+
+
+def resolve_checkpoint(path):
+  """A checkpoint prefix: `path` itself, or a directory's latest one."""
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is not None:
+      return latest
+  return path
+
+
+def step_key(reader):
+  """The key of the global step in a checkpoint, or None."""
+  for key in (GLOBAL_STEP_KEY, NAME_BASED_GLOBAL_STEP_KEY,
+              _MTF_GLOBAL_STEP_KEY):
+    if reader.has_tensor(key):
+      return key
+  return None
 
 
 def listed_checkpoints(model_dir):
@@ -78,20 +128,34 @@ class Checkpointer:
     self._global_step = global_step
     self._model_dir = model_dir
     self._max_to_keep = max_to_keep
+    self._mesh_impl = mesh_impl
     self._cleaned = False
     self._tracks_input = False
+    self._status = None  # of an object-based restore
+    self._values = None  # ValueRestore of a name-based restore / warm start
+    self._reported = False
 
   def restore(self, path=None):
     """Restores `path` (default: the latest checkpoint); returns the path
-    restored or None. mtf variables are filled as the lowering creates
-    them; the global step at once."""
+    restored or None.
+
+    Reads our (object-based) checkpoints and the original's name-based
+    ones alike. mtf variables are filled as the lowering creates them; the
+    global step at once.
+    """
     path = path or latest_checkpoint(self._model_dir)
     if path is None:
       return None
-    self._checkpoint.restore(path).expect_partial()
-    reader = tf.train.load_checkpoint(path)
-    keys = reader.get_variable_to_shape_map()
-    if GLOBAL_STEP_KEY not in keys and _MTF_GLOBAL_STEP_KEY in keys:
+    reader = open_checkpoint(path)
+    if checkpointing.is_name_based(reader):
+      self._restore_values(path, reader)
+      logging.info("Restoring name-based checkpoint %s (the original "
+                   "library's format)", path)
+      return path
+    self._status = self._checkpoint.restore(path)
+    self._status.expect_partial()
+    if not reader.has_tensor(GLOBAL_STEP_KEY) and reader.has_tensor(
+        _MTF_GLOBAL_STEP_KEY):
       step = int(reader.get_tensor(_MTF_GLOBAL_STEP_KEY))
       logging.warning("Checkpoint %s holds the step only as the mtf "
                       "variable 'global_step' of an earlier version: "
@@ -99,6 +163,67 @@ class Checkpointer:
       self._global_step.assign(step)
     logging.info("Restored checkpoint %s", path)
     return path
+
+  def warm_start(self, path, variable_filter=None):
+    """Starts from another run's checkpoint (the original's init_checkpoint).
+
+    Args:
+      path: a checkpoint prefix, or a directory (its latest checkpoint), of
+        either format.
+      variable_filter: optional regex; only variables whose mtf names it
+        matches (re.search) are loaded, "global_step" included.
+
+    Returns:
+      the checkpoint prefix read.
+
+    Raises:
+      ValueError: `path` cannot be read as a checkpoint.
+    """
+    prefix = resolve_checkpoint(path)
+    reader = open_checkpoint(prefix, what="init_checkpoint")
+    wanted = None
+    if variable_filter:
+      pattern = re.compile(variable_filter)
+      wanted = lambda name: pattern.search(name) is not None
+    self._restore_values(prefix, reader, wanted)
+    logging.info("Warm-starting from %s%s", prefix,
+                 f" (variables matching {variable_filter!r})"
+                 if variable_filter else "")
+    return prefix
+
+  def _restore_values(self, path, reader, wanted=None):
+    """Fills the mtf variables and the step from whole values by name."""
+    keys = checkpointing.variable_keys(reader)
+    keys.pop(NAME_BASED_GLOBAL_STEP_KEY, None)
+    self._values = checkpointing.ValueRestore(path, reader, keys, wanted)
+    self._values.attach(self._mesh_impl)
+    key = step_key(reader)
+    if key is not None and (wanted is None or wanted("global_step")):
+      self._global_step.assign(int(reader.get_tensor(key)))
+
+  def after_first_trace(self, strict=False):
+    """Reports, once, what the first lowering left unrestored.
+
+    A name-based restore or warm start names, in one warning, the
+    variables the checkpoint did not hold (they keep their initial
+    values). With `strict`, an object-based restore raises if an existing
+    variable was not in its checkpoint.
+    """
+    if self._reported:
+      return
+    self._reported = True
+    if self._status is not None and strict:
+      self._status.assert_existing_objects_matched()
+    if self._values is None:
+      return
+    missing = sorted(n for n in self._values.missing
+                     if n not in _INTERNAL_VARIABLES)
+    if missing:
+      logging.warning("%d variable(s) not in checkpoint %s keep their "
+                      "initial values: %s", len(missing),
+                      self._values.path, ", ".join(missing))
+    logging.info("Restored %d variable(s) from %s",
+                 len(self._values.restored), self._values.path)
 
   def track_input_pipeline(self, iterator, restored_path):
     """Saves `iterator`'s position from now on.

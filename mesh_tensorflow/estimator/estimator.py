@@ -6,6 +6,15 @@ estimator made from its RunConfig) and returns an EstimatorSpec of the
 lowered TF tensors. Every call of train, evaluate or predict makes a fresh
 mesh implementation and restores the latest checkpoint into it, as
 tf.estimator rebuilt its graph, so each call sees what the checkpoints hold.
+Checkpoints of the original library (TF1 name-based, e.g. T5's) restore too
+(see checkpoints.py). While model_dir has no checkpoint, `train` starts from
+RunConfig's `init_checkpoint` (variables and global step, optionally only
+those `init_variable_filter` matches); evaluate, predict and export need a
+checkpoint in model_dir or `checkpoint_path`.
+
+`evaluate` accumulates `metrics.mean` / `sum` / `max` over the whole
+evaluation set and averages the loss and plain-tensor metrics over the
+batches.
 
 Training runs `iterations_per_loop` steps per call of one compiled
 tf.function. The estimator owns the one training step, an int64 variable
@@ -35,6 +44,7 @@ from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import export
 from mesh_tensorflow.estimator import inputs
 from mesh_tensorflow.estimator import mesh_impls
+from mesh_tensorflow.estimator import metrics as metrics_lib
 from mesh_tensorflow.estimator import run_config as run_config_lib
 from mesh_tensorflow.estimator import step_logger
 from mesh_tensorflow.estimator.mode_keys import ModeKeys
@@ -101,18 +111,14 @@ class Estimator:
     return values[name]
 
   def _checkpoint_values(self):
-    path = self._require_checkpoint()
-    reader = tf.train.load_checkpoint(path)
-    values = {}
-    for key in reader.get_variable_to_shape_map():
-      parts = key.split("/.ATTRIBUTES/")
-      if len(parts) != 2 or parts[1] != "VARIABLE_VALUE":
-        continue
-      if parts[0] == "global_step":
-        values["global_step"] = reader.get_tensor(key)
-    for name, value in checkpointing.load_variables(
-        path, prefix="model").items():
-      values.setdefault(name, value)
+    """{mtf name: value} of the latest checkpoint (either format), plus
+    "global_step"."""
+    reader = checkpoints.open_checkpoint(self._require_checkpoint())
+    values = {name: reader.get_tensor(key) for name, key in
+              checkpointing.variable_keys(reader).items()}
+    key = checkpoints.step_key(reader)
+    if key is not None:
+      values["global_step"] = reader.get_tensor(key)
     return values
 
   def _require_checkpoint(self, path=None):
@@ -179,6 +185,10 @@ class Estimator:
         self.model_dir, mesh_impl, global_step,
         max_to_keep=self._config.keep_checkpoint_max)
     restored = checkpointer.restore(checkpoint_path)
+    if (restored is None and mode == ModeKeys.TRAIN and
+        self._config.init_checkpoint):
+      checkpointer.warm_start(self._config.init_checkpoint,
+                              self._config.init_variable_filter)
     logging.info("Estimator %s: mesh %s, layout %r, %s, global step %d",
                  mode, mesh_impl.shape.to_string, self._config.layout,
                  type(mesh_impl).__name__, int(global_step.numpy()))
@@ -189,7 +199,8 @@ class Estimator:
   def train(self, input_fn, hooks=None, steps=None, max_steps=None,
             saving_listeners=None):
     """Trains for `steps` more steps, or up to global step `max_steps`, or
-    until input_fn's data ends; resumes from the latest checkpoint.
+    until input_fn's data ends; resumes from the latest checkpoint (either
+    format), else warm-starts from RunConfig's init_checkpoint, if any.
 
     saving_listeners get tf.estimator's CheckpointSaverListener calls
     (begin, before_save, after_save, end; the session argument is None); an
@@ -248,8 +259,10 @@ class Estimator:
       try:
         loss = float(loop(iterator, n))
       except tf.errors.OutOfRangeError:
+        checkpointer.after_first_trace()
         step = int(global_step.numpy())
         break
+      checkpointer.after_first_trace()
       step = int(global_step.numpy())
       if not np.isfinite(loss):
         raise FloatingPointError(f"Loss is {loss} at step {step}.")
@@ -328,18 +341,26 @@ class Estimator:
 
   def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None,
                name=None):
-    """Mean loss and metrics over `steps` batches (or all of input_fn's);
-    returns them with "global_step"."""
+    """Loss and metrics over `steps` batches (or all of input_fn's);
+    returns them with "global_step".
+
+    The loss and plain-tensor metrics are the mean of their per-batch
+    values; `metrics.mean`, `metrics.sum` and `metrics.max` are accumulated
+    over every example (see mesh_tensorflow.estimator.metrics).
+    """
     del hooks
-    mesh_impl, global_step, _, _ = self._start(
+    mesh_impl, global_step, checkpointer, _ = self._start(
         ModeKeys.EVAL, checkpoint_path, require_checkpoint=True)
+    reductions = {}
 
     def model_program(features, labels):
       spec = self._call_model_fn(features, labels, ModeKeys.EVAL, mesh_impl,
                                  global_step)
-      outputs = {"loss": spec.loss}
-      outputs.update(spec.eval_metric_ops)
-      return {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
+      ops = {"loss": spec.loss}
+      ops.update(spec.eval_metric_ops)
+      outputs, kinds = metrics_lib.batch_outputs(ops)
+      reductions.update(kinds)
+      return outputs
 
     run = mesh_impls.mesh_runner(mesh_impl, model_program)
     eval_step = tf.function(run, autograph=False)
@@ -347,15 +368,16 @@ class Estimator:
         input_fn, self._input_params(ModeKeys.EVAL))
     if steps is not None:
       dataset = dataset.take(steps)
-    totals, count = {}, 0
+    accumulator = None
     for element in dataset:
       outputs = eval_step(*inputs.split_element(element))
-      for key, value in outputs.items():
-        totals[key] = totals.get(key, 0.0) + float(value)
-      count += 1
-    if not count:
+      checkpointer.after_first_trace()
+      if accumulator is None:
+        accumulator = metrics_lib.Accumulator(reductions)
+      accumulator.add(tf.nest.map_structure(lambda t: t.numpy(), outputs))
+    if accumulator is None:
       raise ValueError("evaluate: input_fn gave no batches.")
-    results = {k: v / count for k, v in totals.items()}
+    results = accumulator.results()
     results["global_step"] = int(global_step.numpy())
     eval_dir = f"{self.model_dir}/eval" + (f"_{name}" if name else "")
     writer = tf.summary.create_file_writer(eval_dir)
@@ -374,7 +396,7 @@ class Estimator:
               checkpoint_path=None, yield_single_examples=True):
     """Yields the predictions of each example (or batch) as NumPy."""
     del hooks
-    mesh_impl, global_step, _, _ = self._start(
+    mesh_impl, global_step, checkpointer, _ = self._start(
         ModeKeys.PREDICT, checkpoint_path, require_checkpoint=True)
 
     def model_program(features):
@@ -392,6 +414,7 @@ class Estimator:
     for element in dataset:
       features, _ = inputs.split_element(element)
       batch = {k: v.numpy() for k, v in predict_step(features).items()}
+      checkpointer.after_first_trace()
       if not yield_single_examples:
         yield batch
         continue
@@ -417,9 +440,9 @@ class Estimator:
     receiver = serving_input_receiver_fn()
     mesh_impl = mesh_impls.make_serving_mesh_impl()
     global_step = _new_global_step(mesh_impl)
-    status = tf.train.Checkpoint(model=mesh_impl,
-                                 global_step=global_step).restore(path)
-    status.expect_partial()
+    checkpointer = checkpoints.Checkpointer(self.model_dir, mesh_impl,
+                                            global_step)
+    checkpointer.restore(path)
 
     def predict_fn(features):
       return self._call_model_fn(features, None, ModeKeys.PREDICT,
@@ -429,7 +452,7 @@ class Estimator:
     with tf.device("/device:CPU:0"):
       result = export.save_serving_model(
           export_dir_base, predict_fn, receiver,
-          after_trace=status.assert_existing_objects_matched)
+          after_trace=lambda: checkpointer.after_first_trace(strict=True))
     logging.info("Exported SavedModel from %s to %s", path, result)
     return result
 

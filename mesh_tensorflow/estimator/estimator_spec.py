@@ -20,9 +20,11 @@ class EstimatorSpec(collections.namedtuple("EstimatorSpec", _FIELDS)):
       tf.function every stateful op runs anyway, so it may be omitted.
     predictions: dict of tf.Tensors with a leading batch dimension (a
       single tensor becomes {"output": tensor}); required in PREDICT.
-    eval_metric_ops: dict name -> float scalar tf.Tensor for one batch; the
-      estimator averages each over the evaluation batches. A (value,
-      update_op) pair counts as its value.
+    eval_metric_ops: dict name -> a `metrics.mean` / `metrics.sum` /
+      `metrics.max` of the batch (accumulated over the whole evaluation
+      set, e.g. a weighted mean over every token), or a float scalar
+      tf.Tensor of the batch (averaged over the batches, each counting
+      the same). A (value, update_op) pair counts as its value.
     export_outputs: accepted for compatibility; exports serve `predictions`.
     scaffold, *_hooks: accepted for compatibility and ignored (TF2 has no
       sessions to hook into).
@@ -63,7 +65,8 @@ class TPUEstimatorSpec(EstimatorSpec):
   step, under its summary writer and summary schedule, and leaves writing
   the mtf.scalar_summary values to it; without one, the estimator writes
   them itself. `eval_metrics` is (metric_fn, tensors): metric_fn(*tensors)
-  must return a dict name -> scalar tensor.
+  (or metric_fn(**tensors)) must return a dict name -> `metrics.mean` /
+  `metrics.sum` / `metrics.max` or scalar tensor, as eval_metric_ops.
   """
 
   def __new__(cls, mode, loss=None, train_op=None, predictions=None,

@@ -1,6 +1,7 @@
 """RunConfig and TPUConfig: where and how often the estimator works."""
 
 import collections
+import re
 
 MESH_IMPLS = ("placement", "simd", "tpu")
 
@@ -48,6 +49,18 @@ class RunConfig:
       instead of restarting input_fn (as tf.estimator did). The dataset
       must be serializable (no Python generators or py_function) and the
       same on resume; shuffle buffers are saved too, so keep them small.
+    init_checkpoint: warm start: a checkpoint prefix (or a directory: its
+      latest checkpoint) of another run, ours or the original library's
+      (name-based TF1 `Saver` format, e.g. T5's published checkpoints).
+      While model_dir has no checkpoint, `train` starts from it: variables
+      it holds are loaded by mtf name, the others keep their initial values
+      (one warning lists them), and the global step is restored too (so
+      fine-tuning continues the step count). Once model_dir has a
+      checkpoint, resuming from it wins and this is ignored. An unreadable
+      path raises ValueError when training starts.
+    init_variable_filter: optional regex: with init_checkpoint, only the
+      variables whose mtf names it matches (re.search; "global_step" for
+      the step) are loaded.
   """
 
   def __init__(self, model_dir=None, save_checkpoints_steps=100,
@@ -56,7 +69,8 @@ class RunConfig:
                tf_random_seed=None, mesh_shape="all:1", layout="",
                mesh_impl="placement", devices=None, cluster=None,
                tpu_config=None, strategy=None,
-               checkpoint_input_pipeline=False):
+               checkpoint_input_pipeline=False, init_checkpoint=None,
+               init_variable_filter=None):
     if mesh_impl not in MESH_IMPLS:
       raise ValueError(f"RunConfig mesh_impl={mesh_impl!r}: expected one of "
                        f"{MESH_IMPLS}.")
@@ -65,6 +79,13 @@ class RunConfig:
           "RunConfig mesh_impl='tpu' (TPUEstimator use_tpu=True) needs "
           "cluster=tf.distribute.cluster_resolver.TPUClusterResolver(...) "
           "or strategy=a TPUStrategy.")
+    if init_variable_filter:
+      try:
+        re.compile(init_variable_filter)
+      except re.error as e:
+        raise ValueError(f"RunConfig init_variable_filter="
+                         f"{init_variable_filter!r} is not a valid regular "
+                         f"expression: {e}.") from e
     if tpu_config is not None:
       iterations_per_loop = tpu_config.iterations_per_loop
     for name, value in (("save_checkpoints_steps", save_checkpoints_steps),
@@ -89,6 +110,8 @@ class RunConfig:
     self.tpu_config = tpu_config
     self.strategy = strategy
     self.checkpoint_input_pipeline = bool(checkpoint_input_pipeline)
+    self.init_checkpoint = init_checkpoint or None
+    self.init_variable_filter = init_variable_filter or None
 
   def replace(self, **kwargs):
     """A copy with some arguments changed."""
