@@ -20,6 +20,7 @@ checkpoint) ends with a one-paragraph message and exit status 1;
 import importlib
 import os
 import re
+import shlex
 import sys
 
 from absl import app
@@ -58,10 +59,30 @@ def _command_file(model_dir):
   return path if n == 0 else f"{path}.{n}"
 
 
+# The flags a command line records, in this order.
+_RECORDED_FLAGS = ("model_dir", "tpu", "gcp_project", "tpu_zone",
+                   "tpu_job_name", "module_import", "gin_location_prefix",
+                   "gin_file", "gin_param")
+
+
+def command_line():
+  """A shell command that repeats this run (the flags given to it)."""
+  words = [sys.executable, "-m", "mesh_tensorflow.transformer.main"]
+  for name in _RECORDED_FLAGS:
+    flag = FLAGS[name]
+    if not flag.present:
+      continue
+    values = flag.value if isinstance(flag.value, list) else [flag.value]
+    if name == "gin_location_prefix":
+      values = [",".join(values)]
+    words += [shlex.quote(f"--{name}={v}") for v in values]
+  return " ".join(words)
+
+
 def _write_command(model_dir):
   os.makedirs(model_dir, exist_ok=True)
   with open(_command_file(model_dir), "w") as f:
-    f.write(" ".join(sys.argv) + "\n")
+    f.write(command_line() + "\n")
 
 
 def _mesh_size():

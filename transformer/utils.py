@@ -312,6 +312,22 @@ def _write_operative_config(model_dir):
   logging.info("Wrote the operative gin config to %s", path)
 
 
+class _OperativeConfigWriter:
+  """A training hook writing operative_config.gin once the first loop has
+  run: by then the model, optimizer and data have read their gin values
+  (the original's GinConfigSaverHook wrote it after the session started)."""
+
+  def __init__(self, model_dir):
+    self._model_dir = model_dir
+    self._written = False
+
+  def after_loop(self, step, loss):
+    del step, loss
+    if not self._written:
+      _write_operative_config(self._model_dir)
+      self._written = True
+
+
 def _export_checkpoint(export_checkpoint_step, model_dir):
   if not export_checkpoint_step:
     return None
@@ -448,8 +464,6 @@ def run(tpu_job_name,
   else:
     cluster = None
     run_devices.ensure_local_devices(mesh_shape.size, mesh_devices)
-  if mode == "train":
-    _write_operative_config(model_dir)
 
   estimator = get_estimator(
       model_type=model_type,
@@ -493,10 +507,13 @@ def run(tpu_job_name,
       kwargs = dict(skip_seen_data=skip_seen_data,
                     seen_data_init_step=seen_data_init_step,
                     checkpoint_input_pipeline=checkpoint_input_pipeline,
-                    hooks=train_hooks)
-    return train_model_fn(estimator, vocabulary, sequence_length, batch_size,
-                          train_dataset_fn, train_steps, ensemble_inputs,
-                          **kwargs)
+                    hooks=[_OperativeConfigWriter(model_dir)] +
+                    list(train_hooks or ()))
+    result = train_model_fn(estimator, vocabulary, sequence_length,
+                            batch_size, train_dataset_fn, train_steps,
+                            ensemble_inputs, **kwargs)
+    _write_operative_config(model_dir)
+    return result
   if mode == "perplexity_eval":
     return perplexity_eval(estimator, vocabulary, sequence_length,
                            batch_size, dataset_split, model_dir,
