@@ -7,8 +7,12 @@ the estimator's `train`/`predict`/`export_saved_model`, and the
 `operative_config.gin` that training writes into the model directory. The
 test trains a tiny Bitransformer (d_model 16, one layer, seqio's
 ByteVocabulary) on a seqio task made here from a Python function, then
-evaluates, predicts from a file, scores strings and exports a SavedModel,
-all through MtfModel's own methods, unchanged.
+evaluates, predicts from a file, scores strings and the task's validation
+split, exports a SavedModel and serves it, and fine-tunes into a new
+directory, all through MtfModel's own methods, unchanged. It keeps T5's
+default sampling decode (temperature 1.0) and trains without dropout, so
+the exported program has random state that the checkpoint lacks, and it
+serves inputs of different lengths in one request.
 
 `make test` installs t5, seqio and their import-time dependencies with
 `--no-deps` (tools/t5_client_requirements.txt); the test skips, saying why,
@@ -139,7 +143,7 @@ def fixture_mtf_model_module():
   return module
 
 
-def test_mtf_model_train_eval_predict_score_export(mtf_model_module,
+def test_mtf_model_train_eval_predict_score_export_finetune(mtf_model_module,
                                                    tmp_path):
   _parse_tiny_config()
   model_dir = str(tmp_path / "model")
@@ -180,14 +184,24 @@ def test_mtf_model_train_eval_predict_score_export(mtf_model_module,
   with open(f"{outputs}-{TRAIN_STEPS}") as f:
     assert len(f.read().rstrip("\n").split("\n")) == 3
 
-  # Score: one log-likelihood per (input, target) pair, below zero.
+  # Score strings: one log-likelihood per (input, target) pair, below zero,
+  # also written one per line to the scores file.
   scores_file = str(tmp_path / "scores")
   result = model.score(inputs=["abc", "bead", "face"],
                        targets=["cba", "daeb", "ecaf"],
                        scores_file=scores_file, vocabulary=_vocabulary())
-  scores = result[0] if isinstance(result, tuple) else result
-  assert len(scores) == 3
-  assert all(float(s) < 0 for s in scores)
+  scores = [float(s) for s in _scores_of(result)]
+  assert len(scores) == 3 and all(s < 0 for s in scores), scores
+  with open(scores_file + ".scores") as f:  # As the original names it.
+    assert [float(l) for l in f.read().split()] == pytest.approx(scores,
+                                                                 rel=1e-5)
+
+  # Score the task's validation split: one score per example (six).
+  result = model.score(mixture_or_task_name=TASK,
+                       mixture_or_task_split="validation",
+                       vocabulary=_vocabulary())
+  task_scores = [float(s) for s in _scores_of(result)]
+  assert len(task_scores) >= 6 and all(s < 0 for s in task_scores[:6])
 
   # Export: a SavedModel that decodes strings.
   export_path = model.export(str(tmp_path / "export"), checkpoint_step=-1,
@@ -197,6 +211,22 @@ def test_mtf_model_train_eval_predict_score_export(mtf_model_module,
   served = serve(inputs=tf.constant(["abc", "bead"]))
   assert served["outputs"].shape[0] == 2
   assert served["outputs"].dtype == tf.string
+
+  # Fine-tune into a new directory: starts from the pretrained step.
+  tuned_dir = str(tmp_path / "tuned")
+  tuned = mtf_model_module.MtfModel(
+      model_dir=tuned_dir, tpu=None, mesh_shape="batch:2",
+      layout_rules="batch:batch", batch_size=4,
+      sequence_length=SEQUENCE_LENGTH, learning_rate_schedule=0.01,
+      save_checkpoints_steps=2, iterations_per_loop=2)
+  tuned.finetune(TASK, finetune_steps=2, pretrained_model_dir=model_dir)
+  latest = tf.train.latest_checkpoint(tuned_dir)
+  assert latest.endswith(f"model.ckpt-{TRAIN_STEPS + 2}"), latest
+
+
+def _scores_of(result):
+  """T5 returns what save_scores returns: the scores, or (scores, ...)."""
+  return result[0] if isinstance(result, tuple) else result
 
 
 def _vocabulary():
