@@ -27,7 +27,7 @@ def _run(code):
 _GIN_TF_AFTER_MTF = r"""
 import os, sys, tempfile
 import mesh_tensorflow
-assert mesh_tensorflow.__file__.startswith(os.getcwd()), mesh_tensorflow.__file__
+assert mesh_tensorflow.__file__.startswith(os.getcwd())
 import gin
 import gin.tf
 import gin.tf.external_configurables

@@ -140,7 +140,8 @@ def _parse_tiny_config():
 def fixture_mtf_model_module():
   module = _import_mtf_model()
   _register_task()
-  return module
+  yield module
+  gin.clear_config()  # Leaves no T5 bindings to the tests that follow.
 
 
 def test_mtf_model_train_eval_predict_score_export_finetune(mtf_model_module,
