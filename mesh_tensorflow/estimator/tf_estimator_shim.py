@@ -25,6 +25,7 @@ namespace for one of them raises an AttributeError that says so.
 """
 
 import importlib
+import sys
 import types
 
 import tensorflow as tf
@@ -120,6 +121,8 @@ def _namespaces():
 def install():
   """Gives `tf`, `tf.compat.v1` and `tf.compat.v2` a stand-in estimator.
 
+  It is also importable as the module `tensorflow.estimator`.
+
   Does nothing for a namespace that already has an `estimator` (a real
   tf.estimator on an older TensorFlow, or a stand-in installed before), so
   calling it again is harmless.
@@ -134,6 +137,9 @@ def install():
     if shim is None:
       shim = build_namespace()
     setattr(namespace, "estimator", shim)
+  if shim is not None:
+    # So that `from tensorflow.estimator import SessionRunHook` works too.
+    sys.modules.setdefault(_MODULE_NAME, shim)
   return tf.estimator
 
 

@@ -52,6 +52,8 @@ with tf1.Graph().as_default():
 text = open(os.path.join(out, "operative_config.gin")).read()
 assert "scale.factor = 3.0" in text, text
 assert any(f.startswith("events.out") for f in os.listdir(out))
+from tensorflow.estimator import SessionRunHook
+assert SessionRunHook is tf1.train.SessionRunHook
 print(tf.estimator.ModeKeys.TRAIN, tf1.estimator.ModeKeys.PREDICT)
 """
 
