@@ -15,7 +15,17 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-test: $(STAMP)
+# T5's MtfModel for tests/transformer/test_t5_client.py: pinned, with
+# --no-deps (t5 and seqio declare the original mesh-tensorflow, which would
+# replace this package). Only `make test` needs it.
+T5_CLIENT := tools/t5_client_requirements.txt
+T5_STAMP := $(VENV)/.t5_client_installed
+
+$(T5_STAMP): $(STAMP) $(T5_CLIENT)
+	$(PY) -m pip install --quiet --no-deps -r $(T5_CLIENT)
+	touch $(T5_STAMP)
+
+test: $(STAMP) $(T5_STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q tests
 
 demo: $(STAMP)

@@ -69,3 +69,10 @@ from mesh_tensorflow import utils  # pylint: disable=g-bad-import-order
 __version__ = "0.2.0"
 
 autograph_rules.register()
+
+# TensorFlow 2.16+ has no tf.estimator; gin-config's `gin.tf` (imported by the
+# original's clients, e.g. T5) needs tf.estimator.SessionRunHook. Installs a
+# small stand-in only where TensorFlow lacks one; see tf_estimator_shim.py.
+from mesh_tensorflow.estimator import tf_estimator_shim  # pylint: disable=g-bad-import-order,g-import-not-at-top
+tf_estimator_shim.install()
+del tf_estimator_shim

@@ -1,0 +1,235 @@
+"""T5's `MtfModel`, a client of the original's Transformer package, runs here.
+
+T5 (PyPI `t5` 0.9.4 with `seqio`) drives `mesh_tensorflow.transformer.utils`
+directly: `get_estimator`, `train_model`, `decode`, `infer_model`,
+`score_with_estimator`, `score_from_strings`, `save_scores`, `export_model`,
+the estimator's `train`/`predict`/`export_saved_model`, and the
+`operative_config.gin` that training writes into the model directory. The
+test trains a tiny Bitransformer (d_model 16, one layer, seqio's
+ByteVocabulary) on a seqio task made here from a Python function, then
+evaluates, predicts from a file, scores strings and the task's validation
+split, exports a SavedModel and serves it, and fine-tunes into a new
+directory, all through MtfModel's own methods, unchanged. It keeps T5's
+default sampling decode (temperature 1.0) and trains without dropout, so
+the exported program has random state that the checkpoint lacks, and it
+serves inputs of different lengths in one request.
+
+`make test` installs t5, seqio and their import-time dependencies with
+`--no-deps` (tools/t5_client_requirements.txt); the test skips, saying why,
+where they are missing.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+import types
+
+import gin
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow  # pylint: disable=unused-import  (gin.tf needs it)
+from mesh_tensorflow.transformer import utils as mtf_utils
+
+TASK = "mesh_tensorflow_test_reverse_letters"
+SEQUENCE_LENGTH = {"inputs": 8, "targets": 8}
+TRAIN_STEPS = 4
+
+# The original T5 configuration style: T5's model gin file on top of the
+# package defaults, shrunk to a tiny model.
+TINY_BINDINGS = """
+d_model = 16
+d_ff = 32
+num_heads = 2
+d_kv = 8
+num_layers = 1
+dropout_rate = 0.0
+"""
+
+
+def _missing_client():
+  """Why the client cannot run here, or None."""
+  for module in ("seqio", "t5"):
+    if importlib.util.find_spec(module) is None:
+      return (f"{module} is not installed (make test installs it: "
+              "tools/t5_client_requirements.txt)")
+  if not hasattr(mtf_utils, "get_estimator"):
+    return ("mesh_tensorflow.transformer.utils has no get_estimator yet: "
+            "T5's MtfModel builds its estimator with it")
+  return None
+
+
+pytestmark = pytest.mark.skipif(_missing_client() is not None,
+                                reason=str(_missing_client()))
+
+
+def _import_mtf_model():
+  """Returns t5.models.mtf_model, as `from t5.models import MtfModel` would.
+
+  `t5/models/__init__.py` also imports T5's Hugging Face model, which imports
+  PyTorch at module level. Where torch is installed that import is used
+  as is; otherwise `t5.models` is made a plain package so that its
+  `mtf_model` module (which does not use torch) imports on its own.
+  """
+  import t5  # pylint: disable=g-import-not-at-top,unused-import
+  if importlib.util.find_spec("torch") is None and (
+      "t5.models" not in sys.modules):
+    spec = importlib.util.find_spec("t5.models")
+    package = types.ModuleType("t5.models")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__file__ = spec.origin
+    sys.modules["t5.models"] = package
+    t5.models = package
+  return importlib.import_module("t5.models.mtf_model")
+
+
+def _reverse_examples(split, shuffle_files=False, seed=None):
+  """Inputs are short lowercase words, targets the same words reversed."""
+  del shuffle_files, seed
+  words = ["abc", "cab", "bad", "dab", "ace", "bee", "cede", "face",
+           "fade", "bead", "deaf", "dead"]
+  if split == "validation":
+    words = words[:6]
+  return tf.data.Dataset.from_tensor_slices({
+      "inputs": words,
+      "targets": [w[::-1] for w in words],
+  })
+
+
+def _exact_match(targets, predictions):
+  hits = sum(t == p for t, p in zip(targets, predictions))
+  return {"exact_match": 100.0 * hits / max(len(targets), 1)}
+
+
+def _register_task():
+  import seqio  # pylint: disable=g-import-not-at-top
+  if TASK in seqio.TaskRegistry.names():
+    return seqio.get_mixture_or_task(TASK)
+  vocabulary = seqio.ByteVocabulary()
+  features = {
+      "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+      "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+  }
+  return seqio.TaskRegistry.add(
+      TASK,
+      source=seqio.FunctionDataSource(
+          dataset_fn=_reverse_examples, splits=("train", "validation")),
+      preprocessors=[
+          seqio.preprocessors.tokenize,
+          seqio.CacheDatasetPlaceholder(),
+          seqio.preprocessors.append_eos_after_trim,
+      ],
+      output_features=features,
+      metric_fns=[_exact_match])
+
+
+def _parse_tiny_config():
+  t5_gin = os.path.join(
+      os.path.dirname(importlib.import_module("t5.models").__path__[0]),
+      "models", "gin")
+  gin.clear_config()
+  gin.add_config_file_search_path(t5_gin)
+  gin.parse_config_file(
+      os.path.join(os.path.dirname(mtf_utils.__file__), "gin", "defaults.gin"))
+  gin.parse_config_file("models/bi_v1.gin")
+  gin.parse_config(TINY_BINDINGS)
+
+
+@pytest.fixture(name="mtf_model_module", scope="module")
+def fixture_mtf_model_module():
+  module = _import_mtf_model()
+  _register_task()
+  yield module
+  gin.clear_config()  # Leaves no T5 bindings to the tests that follow.
+
+
+def test_mtf_model_train_eval_predict_score_export_finetune(mtf_model_module,
+                                                   tmp_path):
+  _parse_tiny_config()
+  model_dir = str(tmp_path / "model")
+  model = mtf_model_module.MtfModel(
+      model_dir=model_dir,
+      tpu=None,
+      mesh_shape="batch:2",
+      layout_rules="batch:batch",
+      batch_size=("sequences_per_batch", 4),
+      sequence_length=SEQUENCE_LENGTH,
+      learning_rate_schedule=0.01,
+      save_checkpoints_steps=2,
+      iterations_per_loop=2)
+  assert model.batch_size == 4
+
+  # Train: checkpoints named model.ckpt-N, and the operative config that
+  # eval, predict, score and export re-parse.
+  model.train(TASK, TRAIN_STEPS)
+  latest = tf.train.latest_checkpoint(model_dir)
+  assert latest and latest.endswith(f"model.ckpt-{TRAIN_STEPS}"), latest
+  assert os.path.exists(os.path.join(model_dir, "operative_config.gin"))
+
+  # Eval: T5 writes targets, predictions and metrics into summary_dir.
+  summary_dir = str(tmp_path / "validation_eval")
+  os.makedirs(summary_dir)
+  model.eval(TASK, checkpoint_steps=-1, summary_dir=summary_dir)
+  predictions = os.path.join(
+      summary_dir, f"{TASK}_{TRAIN_STEPS}_predictions")
+  with open(predictions) as f:
+    assert len(f.read().split("\n")) == 6
+
+  # Predict: one output line per input line, in <output_file>-<step>.
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("abc\nbead\nface\n")
+  outputs = str(tmp_path / "outputs.txt")
+  model.predict(str(inputs), outputs, checkpoint_steps=-1,
+                vocabulary=_vocabulary())
+  with open(f"{outputs}-{TRAIN_STEPS}") as f:
+    assert len(f.read().rstrip("\n").split("\n")) == 3
+
+  # Score strings: one log-likelihood per (input, target) pair, below zero,
+  # also written one per line to the scores file.
+  scores_file = str(tmp_path / "scores")
+  result = model.score(inputs=["abc", "bead", "face"],
+                       targets=["cba", "daeb", "ecaf"],
+                       scores_file=scores_file, vocabulary=_vocabulary())
+  scores = [float(s) for s in _scores_of(result)]
+  assert len(scores) == 3 and all(s < 0 for s in scores), scores
+  with open(scores_file + ".scores") as f:  # As the original names it.
+    assert [float(l) for l in f.read().split()] == pytest.approx(scores,
+                                                                 rel=1e-5)
+
+  # Score the task's validation split: one score per example (six).
+  result = model.score(mixture_or_task_name=TASK,
+                       mixture_or_task_split="validation",
+                       vocabulary=_vocabulary())
+  task_scores = [float(s) for s in _scores_of(result)]
+  assert len(task_scores) >= 6 and all(s < 0 for s in task_scores[:6])
+
+  # Export: a SavedModel that decodes strings.
+  export_path = model.export(str(tmp_path / "export"), checkpoint_step=-1,
+                             vocabulary=_vocabulary())
+  loaded = tf.saved_model.load(export_path)
+  serve = loaded.signatures["serving_default"]
+  served = serve(inputs=tf.constant(["abc", "bead"]))
+  assert served["outputs"].shape[0] == 2
+  assert served["outputs"].dtype == tf.string
+
+  # Fine-tune into a new directory: starts from the pretrained step.
+  tuned_dir = str(tmp_path / "tuned")
+  tuned = mtf_model_module.MtfModel(
+      model_dir=tuned_dir, tpu=None, mesh_shape="batch:2",
+      layout_rules="batch:batch", batch_size=4,
+      sequence_length=SEQUENCE_LENGTH, learning_rate_schedule=0.01,
+      save_checkpoints_steps=2, iterations_per_loop=2)
+  tuned.finetune(TASK, finetune_steps=2, pretrained_model_dir=model_dir)
+  latest = tf.train.latest_checkpoint(tuned_dir)
+  assert latest.endswith(f"model.ckpt-{TRAIN_STEPS + 2}"), latest
+
+
+def _scores_of(result):
+  """T5 returns what save_scores returns: the scores, or (scores, ...)."""
+  return result[0] if isinstance(result, tuple) else result
+
+
+def _vocabulary():
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.get_mixture_or_task(TASK).output_features["targets"].vocabulary
