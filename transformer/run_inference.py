@@ -326,10 +326,11 @@ def export_model(estimator, export_dir, vocabulary, sequence_length,
   targets_vocab = run_settings.targets_vocabulary(vocabulary)
 
   def encode(texts, vocab, length, add_eos):
-    ids = vocab.encode_tf(texts)
-    if not isinstance(ids, tf.RaggedTensor):
-      ids = tf.RaggedTensor.from_tensor(ids, padding=0)
-    ids = tf.cast(ids, tf.int32)
+    # One string at a time: the original's (and seqio's) encode_tf take a
+    # scalar.
+    ids = tf.map_fn(
+        lambda text: tf.cast(vocab.encode_tf(text), tf.int32), texts,
+        fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
     if add_eos:
       eos = tf.fill([ids.nrows(), 1], tf.constant(1, tf.int32))
       ids = tf.concat([ids[:, :length - 1], eos], axis=1)

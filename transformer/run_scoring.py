@@ -47,23 +47,25 @@ def save_scores(results, vocabulary, scores_filename=None,
     save_example_text: also write the targets' and inputs' text.
 
   Returns:
-    a list of floats.
+    (scores, targets): a list of floats and the scored target strings (as
+    T5's MtfModel.score returns them).
   """
   scores = [float(r["scores"]) for r in results]
-  if scores_filename is None:
-    return scores
-  run_inference.write_lines_to_file([f"{s:f}" for s in scores],
-                                    f"{scores_filename}.scores")
-  if save_example_text:
-    for key, vocab in (
-        ("targets", run_settings.targets_vocabulary(vocabulary)),
-        ("inputs", run_settings.inputs_vocabulary(vocabulary))):
-      if results and key in results[0]:
-        lines = [_decode_ids(r[key], vocab) for r in results]
+  texts = {}
+  for key, vocab in (
+      ("targets", run_settings.targets_vocabulary(vocabulary)),
+      ("inputs", run_settings.inputs_vocabulary(vocabulary))):
+    if results and key in results[0]:
+      texts[key] = [_decode_ids(r[key], vocab) for r in results]
+  if scores_filename is not None:
+    run_inference.write_lines_to_file([f"{s:f}" for s in scores],
+                                      f"{scores_filename}.scores")
+    if save_example_text:
+      for key, lines in texts.items():
         # One example per line: newlines inside a text would break that.
         lines = [line.replace("\n", "\\n") for line in lines]
         run_inference.write_lines_to_file(lines, f"{scores_filename}.{key}")
-  return scores
+  return scores, texts.get("targets", [])
 
 
 def score_with_estimator(estimator, input_fn, eval_checkpoint_step,

@@ -263,6 +263,9 @@ def train_model(estimator, vocabulary, sequence_length, batch_size,
     checkpoint_input_pipeline: the data's position is checkpointed instead
       (get_estimator's checkpoint_input_pipeline must be set).
     hooks: objects with after_loop(step, loss) (e.g. a progress display).
+
+  Writes <model_dir>/operative_config.gin once the first loop has built the
+  model, and again at the end.
   """
   if checkpoint_input_pipeline and not (
       estimator.config.checkpoint_input_pipeline):
@@ -289,7 +292,11 @@ def train_model(estimator, vocabulary, sequence_length, batch_size,
                             drop_remainder=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
+  # operative_config.gin, as the original's GinConfigSaverHook wrote it:
+  # clients (T5) re-parse it for evaluation, inference and export.
+  hooks = [_OperativeConfigWriter(estimator.model_dir)] + list(hooks or ())
   estimator.train(input_fn=input_fn, max_steps=train_steps, hooks=hooks)
+  _write_operative_config(estimator.model_dir)
 
 
 def _learning_rate_schedule(learning_rate_schedule, train_steps):
@@ -507,13 +514,10 @@ def run(tpu_job_name,
       kwargs = dict(skip_seen_data=skip_seen_data,
                     seen_data_init_step=seen_data_init_step,
                     checkpoint_input_pipeline=checkpoint_input_pipeline,
-                    hooks=[_OperativeConfigWriter(model_dir)] +
-                    list(train_hooks or ()))
-    result = train_model_fn(estimator, vocabulary, sequence_length,
-                            batch_size, train_dataset_fn, train_steps,
-                            ensemble_inputs, **kwargs)
-    _write_operative_config(model_dir)
-    return result
+                    hooks=train_hooks)
+    return train_model_fn(estimator, vocabulary, sequence_length,
+                          batch_size, train_dataset_fn, train_steps,
+                          ensemble_inputs, **kwargs)
   if mode == "perplexity_eval":
     return perplexity_eval(estimator, vocabulary, sequence_length,
                            batch_size, dataset_split, model_dir,

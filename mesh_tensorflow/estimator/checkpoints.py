@@ -213,7 +213,11 @@ class Checkpointer:
       return
     self._reported = True
     if self._status is not None and strict:
-      self._status.assert_existing_objects_matched()
+      try:
+        self._status.assert_existing_objects_matched()
+      except AssertionError as e:
+        if not _only_internal_unmatched(str(e)):
+          raise
     if self._values is None:
       return
     missing = sorted(n for n in self._values.missing
@@ -285,3 +289,13 @@ class Checkpointer:
         tf.io.gfile.remove(old_file)
     logging.info("Saved checkpoint for step %d: %s", step, path)
     return path
+
+
+def _only_internal_unmatched(message):
+  """Whether an assert_existing_objects_matched failure lists only internal
+  variables (e.g. the sampling counter, which a checkpoint of a model
+  trained without randomness lacks; it starts at 0)."""
+  count = re.search(r"Found (\d+) Python objects", message)
+  names = re.findall(r"<tf\.Variable '([^':]+)", message)
+  return bool(count and names and int(count.group(1)) == len(names) and
+              all(name in _INTERNAL_VARIABLES for name in names))

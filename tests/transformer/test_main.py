@@ -138,11 +138,12 @@ def test_infer_from_file(trained, tmp_path):
 
 def test_score_from_strings(trained, tmp_path):
   prefix = tmp_path / "scores"
-  scores = run_main(trained, "utils.run.mode = 'score_from_strings'",
+  scores, targets = run_main(trained, "utils.run.mode = 'score_from_strings'",
                     "score_from_strings.inputs = ['1+2', '30+4']",
                     "score_from_strings.targets = ['3', '34']",
                     f"save_scores.scores_filename = '{prefix}'")
   assert len(scores) == 2 and all(s < 0 for s in scores)
+  assert targets == ["3", "34"]
   written = [float(x) for x in (tmp_path / "scores.scores").read_text()
              .split()]
   np.testing.assert_allclose(written, scores, rtol=1e-5)
@@ -156,6 +157,7 @@ def test_export_and_serve_one_request(trained, tmp_path):
                         f"utils.run.export_path = '{tmp_path / 'export'}'")
   assert os.path.isdir(export_dir)
   served = tf.saved_model.load(export_dir).signatures["serving_default"]
+  # Inputs of different lengths, fewer than the batch.
   outputs = served(inputs=tf.constant(["1+2", "30+4", "5+67"]))["outputs"]
   assert outputs.shape == [3] and outputs.dtype == tf.string
   # The export decodes as the estimator does.
