@@ -331,8 +331,11 @@ class Estimator:
         features, labels = inputs.split_element(next(iterator))
         return i + 1, train_step(features, labels)
 
+      # One step after the other: a step reads the variables the step
+      # before it updated.
       _, loss = tf.while_loop(lambda i, unused_loss: i < n, body,
-                              (tf.constant(0), tf.constant(0.0)))
+                              (tf.constant(0), tf.constant(0.0)),
+                              parallel_iterations=1)
       return loss
 
     return lambda iterator, n: loop(iterator, tf.constant(n, tf.int32))
