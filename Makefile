@@ -1,5 +1,7 @@
 # make test  : run the test suite (creates .venv on first use)
-# make demo  : train the README's MLP data- and model-parallel on 8 logical CPUs
+# make demo  : train, evaluate, export and serve a Transformer on the embedded
+#              addition task through the binary, on 8 logical CPUs
+# make demo-mlp : train the README's MLP data- and model-parallel
 # make bench : run the benchmarks (one JSON line per case)
 
 VENV ?= .venv
@@ -7,7 +9,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo demo-mlp bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +31,9 @@ test: $(STAMP) $(T5_STAMP)
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q tests
 
 demo: $(STAMP)
+	$(PY) examples/transformer_demo.py
+
+demo-mlp: $(STAMP)
 	$(PY) examples/mlp.py
 
 bench: $(STAMP)

@@ -12,9 +12,11 @@ line, so it can be repeated by hand; a summary table ends the run.
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 GIN_FILES = ["models/bi_base.gin", "models/tiny.gin", "problems/addition.gin",
@@ -30,23 +32,40 @@ def _command(model_dir, *gin_params):
   return command
 
 
+# TensorFlow's start-up lines, which say nothing about the demo.
+_NOISE = ("WARNING: All log messages before absl::InitializeLog()",
+          "cudart_stub.cc", "cpu_feature_guard.cc", "To enable the following",
+          "rebuild TensorFlow with")
+
+
 def _show(command):
-  words = []
-  for word in command:
-    words.append(f'"{word}"' if " " in word or "'" in word else word)
-  print("\n$ " + " \\\n    ".join(words), flush=True)
+  words = [shlex.quote(w) for w in command]
+  lines = [" ".join(words[:3])] + words[3:]
+  print("\n$ " + " \\\n    ".join(lines), flush=True)
 
 
 def _run(command):
-  """Runs a step of the demo; returns (seconds, its stdout)."""
+  """Runs a step of the demo, its stderr (progress, errors) shown without
+  TensorFlow's start-up noise; returns (seconds, its stdout)."""
   _show(command)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   start = time.time()
-  result = subprocess.run(command, env=env, stdout=subprocess.PIPE,
-                          text=True, check=False)
-  if result.returncode:
-    sys.exit(f"demo: the step above failed (exit status {result.returncode})")
-  return time.time() - start, result.stdout
+  process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  stdout = []
+  reader = threading.Thread(target=lambda: stdout.append(
+      process.stdout.read()))
+  reader.start()
+  for line in process.stderr:
+    if not any(noise in line for noise in _NOISE):
+      sys.stderr.write("   " + line)
+      sys.stderr.flush()
+  process.wait()
+  reader.join()
+  if process.returncode:
+    sys.exit(f"demo: the step above failed (exit status "
+             f"{process.returncode})")
+  return time.time() - start, "".join(stdout)
 
 
 def _held_out_examples(n):

@@ -87,6 +87,7 @@ class _TensorFlowVocabulary(Vocabulary):
         "utf-8")
 
 
+@gin.configurable(module="mesh_tensorflow.transformer.vocabulary")
 class ByteVocabulary(Vocabulary):
   """The UTF-8 bytes of a string: byte b is id b + 3.
 
@@ -147,6 +148,7 @@ class ByteVocabulary(Vocabulary):
     return tf.strings.reduce_join(pieces, axis=-1)
 
 
+@gin.configurable(module="mesh_tensorflow.transformer.vocabulary")
 class SentencePieceVocabulary(_TensorFlowVocabulary):
   """A SentencePiece model file, run by tensorflow-text.
 
@@ -199,6 +201,7 @@ class SentencePieceVocabulary(_TensorFlowVocabulary):
 RESERVED_TOKENS = ("[PAD]", "[EOS]", "[UNK]")
 
 
+@gin.configurable(module="mesh_tensorflow.transformer.vocabulary")
 class WordpieceVocabulary(_TensorFlowVocabulary):
   """WordPiece (BERT's tokenizer) through tensorflow-text.
 

@@ -7,6 +7,7 @@ the exit status runs the real binary in a subprocess.
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -188,7 +189,7 @@ def test_bad_input_gives_one_paragraph_and_exit_1(tmp_path, capsys, params,
   assert exit_info.value.code == 1
   error = capsys.readouterr().err.strip().splitlines()[-1]
   assert error.startswith("error: ")
-  assert pytest.importorskip("re").search(message, error), error
+  assert re.search(message, error), error
   assert "Traceback" not in capsys.readouterr().err
 
 
@@ -232,3 +233,23 @@ def test_gin_file_lookup_order(tmp_path):
       own / "mine.gin")
   assert utils.find_gin_file("models/tiny", [utils.gin_dir()]).endswith(
       "models/tiny.gin")
+
+
+def _readme_gin_params():
+  """The --gin_param bindings of the README's "Other data" commands."""
+  text = (ROOT / "README.md").read_text()
+  section = text[text.index("**Other data.**"):
+                 text.index("**Checkpoints of the original**")]
+  return re.findall(r'--gin_param="([^"]+)"', section)
+
+
+def test_readme_dataset_bindings_parse():
+  params = _readme_gin_params()
+  assert len(params) >= 8
+  gin.clear_config()
+  try:
+    gin.parse_config_file(os.path.join(utils.gin_dir(), "defaults.gin"))
+    for param in params:
+      gin.parse_config(param)
+  finally:
+    gin.clear_config()
