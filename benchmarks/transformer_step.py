@@ -13,6 +13,13 @@ Cases, one JSON line each, all from one run:
              d_ff, heads and vocab on model (PlacementMeshImpl)
   mtf_2x4_simd  the same on SimdMeshImpl (one traced program per device,
              TF collectives)
+  binary     the training binary (python -m mesh_tensorflow.transformer.main)
+             on the tiny encoder-decoder of `make demo` (addition task,
+             mesh batch:2;model:4, batch 64 x length 8, --binary_steps
+             steps): tokens/s over the whole process, start-up included,
+             next to utils.run called in this process on the same
+             configuration (library_tiny: with its start-up, and steady
+             after the first loop)
   original   the original Mesh TensorFlow 0.1.21 on TensorFlow 2.15 through
              its own utils.run (train mode, start-up included), run in its
              own virtual environment (benchmarks/original/make_venv.sh);
@@ -43,7 +50,7 @@ NUM_DEVICES = 8
 VOCAB = 256
 D_MODEL, D_FF, HEADS, D_KV, LAYERS, MAX_LENGTH = 128, 512, 4, 32, 2, 512
 DROPOUT, Z_LOSS = 0.1, 1e-4
-CASES = ("keras", "mtf_1", "mtf_2x4", "mtf_2x4_simd", "original")
+CASES = ("keras", "mtf_1", "mtf_2x4", "mtf_2x4_simd", "original", "binary")
 # Targets from the issue: mtf_1 >= 0.9x Keras; mtf_1 >= 1.2x the original;
 # mtf_2x4 >= 0.9x mtf_1 with a first step under 5 s.
 TARGETS = {"mtf_1_vs_keras": 0.9, "mtf_1_vs_original": 1.2,
@@ -60,6 +67,7 @@ def parse_args(argv):
   p.add_argument("--dropout", type=float, default=DROPOUT,
                  help="dropout rate of every dropout (tiny.gin: 0.1)")
   p.add_argument("--original_steps", type=int, default=300)
+  p.add_argument("--binary_steps", type=int, default=300)
   p.add_argument("--original_python", default=os.path.join(
       os.path.dirname(_HERE), ".venv-original", "bin", "python"),
                  help="python of the original's environment")
@@ -227,6 +235,73 @@ def run_original(args):
   return records[-1]
 
 
+_DEMO_GIN = ["models/bi_base.gin", "models/tiny.gin", "problems/addition.gin",
+             "layouts/2x2_dp_mp.gin", "addition_demo.gin"]
+
+
+def _binary_argv(model_dir, steps):
+  return ([f"--model_dir={model_dir}", "--noprogress", "--verbosity=-1"] +
+          [f"--gin_file={f}" for f in _DEMO_GIN] +
+          [f"--gin_param=utils.run.train_steps = {steps}",
+           "--gin_param=utils.run.save_checkpoints_steps = 100000"])
+
+
+def run_binary_cases(args):
+  """The binary in a child process, then utils.run in this one."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  tokens = args.binary_steps * 64 * 8
+  with tempfile.TemporaryDirectory() as tmp:
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "mesh_tensorflow.transformer.main"] +
+        _binary_argv(os.path.join(tmp, "binary"), args.binary_steps),
+        check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    binary_s = time.perf_counter() - start
+
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    import gin  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.transformer import main as main_lib  # pylint: disable=g-import-not-at-top
+
+    class Clock:
+      first = None
+
+      def after_loop(self, step, loss):
+        del loss
+        if self.first is None:
+          self.first = (step, time.perf_counter())
+
+    clock = Clock()
+    flags.FLAGS(["main"] + _binary_argv(os.path.join(tmp, "library"),
+                                        args.binary_steps))
+    gin.clear_config()
+    main_lib.utils.parse_gin_defaults_and_flags()
+    start = time.perf_counter()
+    main_lib.utils.run(tpu_job_name=None, tpu=None, gcp_project=None,
+                       tpu_zone=None, model_dir=os.path.join(tmp, "library"),
+                       train_hooks=[clock])
+    end = time.perf_counter()
+    first_step, first_time = clock.first
+  library = {
+      "benchmark": "transformer_step", "case": "library_tiny",
+      "steps": args.binary_steps,
+      "tokens_per_second_with_startup": bench_util.rounded(
+          tokens / (end - start), 1),
+      "tokens_per_second_steady": bench_util.rounded(
+          (args.binary_steps - first_step) * 64 * 8 / (end - first_time), 1),
+      "seconds_total": bench_util.rounded(end - start, 2)}
+  bench_util.emit(library)
+  bench_util.emit({
+      "benchmark": "transformer_step", "case": "binary",
+      "steps": args.binary_steps, "seconds_total": bench_util.rounded(
+          binary_s, 2),
+      "tokens_per_second_with_startup": bench_util.rounded(
+          tokens / binary_s, 1),
+      "vs_library_with_startup": bench_util.rounded(
+          tokens / binary_s / library["tokens_per_second_with_startup"])})
+
+
 def main(argv=None):
   args = parse_args(argv)
   cases = args.cases.split(",")
@@ -257,7 +332,8 @@ def main(argv=None):
     start = time.perf_counter()
     bench_util.timed_call(fn)
     first_ms[name] = (time.perf_counter() - start) * 1000.0
-  runs = bench_util.interleaved_times(fns, args.steps, warmup=args.warmup)
+  runs = (bench_util.interleaved_times(fns, args.steps, warmup=args.warmup)
+          if fns else {})
   medians = {n: bench_util.median(r["times_ms"]) for n, r in runs.items()}
   for name, r in runs.items():
     total_s = (first_ms[name] + sum(r["times_ms"])) / 1000.0
@@ -296,6 +372,8 @@ def main(argv=None):
               original[f"tokens_per_second_{basis}"])
       original["targets"] = TARGETS
       bench_util.emit(original)
+  if "binary" in cases:
+    run_binary_cases(args)
 
 
 if __name__ == "__main__":
