@@ -39,6 +39,8 @@ COVERED_MODULES = (
     "mesh_tensorflow.transformer.moe",
     "mesh_tensorflow.transformer.transformer",
     "mesh_tensorflow.transformer.transformer_layers",
+    "mesh_tensorflow.transformer.utils",
+    "mesh_tensorflow.transformer.main",
     "mesh_tensorflow.transformer.vocab_embeddings",
     "mesh_tensorflow.transformer.vocabulary",
     "mesh_tensorflow.transformer.t2t_vocabulary",

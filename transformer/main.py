@@ -127,9 +127,10 @@ def error_message(exc):
   return f"{type(exc).__name__}: {message}{where}"
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+def main(_):
+  """Parses gin and runs utils.run (the argument: absl's leftover argv)."""
+  if len(_) > 1:
+    raise app.UsageError(f"Unexpected arguments: {_[1:]}")
   for module in FLAGS.module_import or ():
     importlib.import_module(module)
   _write_command(FLAGS.model_dir)

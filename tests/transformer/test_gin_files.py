@@ -51,28 +51,14 @@ def _param(name):
       reason=f"transformer_layers.{missing} is not written yet", strict=True))
 
 
-# Configurables of issue 15, as the files spell them.
-ISSUE_15_NAMES = [
-    "utils.serialize_num_microbatches",
-    "utils.tpu_estimator_model_fn",
-    "tpu_estimator_model_fn",
-    "serialize_num_microbatches",
-    "dataset.pack_dataset",
-    "pack_dataset",
-    "dataset.pretokenized_tfds_dataset",
-    "dataset.untokenized_tfds_dataset",
-    "dataset.pretokenized_t2t_dataset",
-    "mesh_tensorflow.transformer.dataset.pretokenized_tfds_dataset",
-    "mesh_tensorflow.transformer.dataset.untokenized_tfds_dataset",
-    "mesh_tensorflow.transformer.dataset.pretokenized_t2t_dataset",
+# The t2t problem files name the original's t2t_vocabulary, a departure
+# (tensor2tensor does not install on current TensorFlow): its names are
+# skipped when those files are parsed.
+DEPARTED_NAMES = [
     "t2t_vocabulary.get_t2t_vocabulary",
     "mesh_tensorflow.transformer.t2t_vocabulary.get_t2t_vocabulary",
 ]
-# Modules of issue 15 that gin files import.
-ISSUE_15_MODULES = {
-    "mesh_tensorflow.transformer.dataset",
-    "mesh_tensorflow.transformer.t2t_vocabulary",
-}
+DEPARTED_MODULES = {"mesh_tensorflow.transformer.t2t_vocabulary"}
 
 # Small sizes for the big models (d_model <= 32 for tests, 2 layers).
 SMALL = """
@@ -88,12 +74,6 @@ SMALL = """
 VOCAB = 32
 BATCH = 8
 LENGTH = 8
-
-if not hasattr(utils, "run"):
-  @gin.configurable("run", module="mesh_tensorflow.transformer.utils")
-  def _run_stand_in(**unused_kwargs):
-    """Takes utils.run's bindings until issue 15 brings utils.run."""
-
 
 @pytest.fixture(autouse=True)
 def _clear_gin():
@@ -111,10 +91,10 @@ def _parse(*files, bindings=""):
   for name in ("defaults.gin",) + files:
     text = (GIN_DIR / name).read_text()
     for module in _imports(text):
-      if module not in ISSUE_15_MODULES:
+      if module not in DEPARTED_MODULES:
         __import__(module)  # Any other module must exist.
-    gin.parse_config_file(str(GIN_DIR / name), skip_unknown=ISSUE_15_NAMES)
-  gin.parse_config(bindings, skip_unknown=ISSUE_15_NAMES)
+    gin.parse_config_file(str(GIN_DIR / name), skip_unknown=DEPARTED_NAMES)
+  gin.parse_config(bindings, skip_unknown=DEPARTED_NAMES)
 
 
 def _run_arguments():
@@ -486,7 +466,7 @@ def test_setup_ships_every_gin_file():
 
 
 def test_operative_config_parses_and_builds():
-  gin.parse_config(OPERATIVE_CONFIG, skip_unknown=ISSUE_15_NAMES)
+  gin.parse_config(OPERATIVE_CONFIG, skip_unknown=DEPARTED_NAMES)
   model_type, model, mesh_shape, _ = _build_model()
   assert model_type == "bitransformer"
   assert mesh_shape == mtf.convert_to_shape("batch:8")
@@ -501,4 +481,4 @@ def test_operative_config_parses_and_builds():
 def test_skipped_names_are_only_issue_15s():
   """A binding of an unknown name outside the list is still an error."""
   with pytest.raises(ValueError, match="NoSuchLayer"):
-    gin.parse_config("NoSuchLayer.size = 3", skip_unknown=ISSUE_15_NAMES)
+    gin.parse_config("NoSuchLayer.size = 3", skip_unknown=DEPARTED_NAMES)
