@@ -253,3 +253,29 @@ def test_readme_dataset_bindings_parse():
       gin.parse_config(param)
   finally:
     gin.clear_config()
+
+
+def test_score_from_dataset(trained, tmp_path):
+  prefix = tmp_path / "scores"
+  scores, targets = run_main(
+      trained, "utils.run.mode = 'score_from_dataset'",
+      "utils.run.dataset_split = 'validation'",
+      "score_from_dataset.score_dataset_fn = "
+      "@embedded_task.addition_eval_dataset_fn",
+      f"save_scores.scores_filename = '{prefix}'")
+  assert len(scores) == len(targets) == NUM_EVAL  # Padding dropped.
+  assert all(s < 0 for s in scores)
+  inputs = (tmp_path / "scores.inputs").read_text().splitlines()
+  assert targets == [str(sum(map(int, i.split("+")))) for i in inputs]
+
+
+def test_export_score_serves_log_likelihoods(trained, tmp_path):
+  export_dir = run_main(trained, "utils.run.mode = 'export_score'",
+                        f"utils.run.export_path = '{tmp_path / 'export'}'")
+  served = tf.saved_model.load(export_dir).signatures["serving_default"]
+  scores = served(inputs=tf.constant(["1+2", "30+4"]),
+                  targets=tf.constant(["3", "34"]))["scores"].numpy()
+  expected, _ = run_main(trained, "utils.run.mode = 'score_from_strings'",
+                         "score_from_strings.inputs = ['1+2', '30+4']",
+                         "score_from_strings.targets = ['3', '34']")
+  np.testing.assert_allclose(scores, expected, rtol=1e-4)
