@@ -8,7 +8,9 @@ import sys
 from tests import mtf_testing
 from tests.estimator import toy_model
 
-SETTINGS = dict(mesh_shape="all:2", layout="batch:all",
+# tf_random_seed: the data's shuffle order depends on TF's global seed, which
+# other tests in the same process may have set.
+SETTINGS = dict(mesh_shape="all:2", layout="batch:all", tf_random_seed=5,
                 save_checkpoints_steps=2, keep_checkpoint_max=3,
                 log_step_count_steps=1000, save_summary_steps=1000,
                 checkpoint_input_pipeline=True)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mesh_tensorflow.transformer import embedded_task
 from mesh_tensorflow.transformer import main as main_lib
 from mesh_tensorflow.transformer import utils
 
@@ -119,8 +120,11 @@ def test_perplexity_eval_weighs_padding_nothing(trained):
                      "utils.run.perplexity_eval_steps = 4")
   metrics = results[TRAIN_STEPS]["addition"]
   # 12 examples in 4 batches of 8: 20 padding examples that count nothing.
-  with open(trained / "validation_eval" / "addition_targets") as f:
-    target_tokens = sum(len(line.rstrip("\n")) + 1 for line in f)  # + EOS
+  eval_dataset, = embedded_task.addition_eval_dataset_fn(
+      {"inputs": 8, "targets": 8}, embedded_task.addition_vocabulary(),
+      num_eval_examples=NUM_EVAL, max_digits=2)
+  target_tokens = sum(int(np.count_nonzero(ex["targets"]))
+                      for ex in eval_dataset.dataset_fn().as_numpy_iterator())
   assert metrics["num_eval_tokens"] == target_tokens
   assert 0.0 <= metrics["token_accuracy"] <= 1.0
   assert metrics["neg_log_perplexity"] < 0
