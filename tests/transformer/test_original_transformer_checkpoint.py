@@ -10,6 +10,7 @@ global_step of 1000. Then, through `transformer.main`:
 - scoring (utils.run mode "score_from_strings") gives the log-likelihoods
   an independent NumPy forward pass computes from the same values, on one
   processor and on a 2-D mesh that splits heads, d_ff and vocab;
+- greedy decoding (mode "infer") gives NumPy's argmax continuations;
 - training warm-started from it (utils.run.init_checkpoint) resumes at step
   1000, and so does training in a model_dir holding it.
 """
@@ -52,6 +53,7 @@ MESHES = {
            "utils.run.layout_rules = 'batch:batch,d_ff:model,heads:model,"
            "vocab:model'"],
 }
+PRINTABLE = slice(ord("!") + 3, ord("~") + 4)
 INPUTS = ["1+2", "30+4", "5+67"]
 TARGETS = ["3", "34", "72"]
 
@@ -81,7 +83,7 @@ SHAPES = _variable_shapes()
 
 
 def _values():
-  """Known values: weights in multiples of 1/8 (exact in bfloat16), and
+  """Known values: weights in multiples of 1/8 (exact in bfloat16); and
   Adafactor's slots: a matrix's row and column second moments (over its
   smaller and larger dimension), a vector's full one."""
   rng = np.random.RandomState(15)
@@ -95,6 +97,12 @@ def _values():
       values[name] = rng.randint(-bound, bound + 1, shape) / 8.0
       values[name + "_slot_vr"] = rng.uniform(0.5, 1.5, (min(shape),))
       values[name + "_slot_vc"] = rng.uniform(0.5, 1.5, (max(shape),))
+  # Only the printable ASCII bytes but space (ids 36 to 129) have nonzero
+  # token embeddings, hence logits: greedy decoding yields them (the
+  # largest of 94 random logits beats 0), one character per id.
+  printable = np.zeros((VOCAB, 1))
+  printable[PRINTABLE] = 1.0
+  values["shared/embedding"] *= printable
   return values
 
 
@@ -180,9 +188,8 @@ def _stack(w, stack, x, layers):
   return _rms_norm(w, x, f"{stack}/rms_norm/scale")
 
 
-def numpy_score(w, input_ids, target_ids):
-  """log p(targets | inputs) of one example without padding: teacher
-  forcing, the decoder reading the targets shifted right."""
+def numpy_log_probs(w, input_ids, decoder_ids):
+  """log p(next id) at each position of decoder_ids (no padding)."""
   embedding, positions = w["shared/embedding"], w["shared/positional_embedding"]
 
   def ffn(prefix, x):
@@ -194,15 +201,28 @@ def numpy_score(w, input_ids, target_ids):
 
   x = embedding[input_ids] + positions[:len(input_ids)]
   encoded = _stack(w, "encoder", x, [self_attention(False), ffn])
-  decoder_ids = [0] + list(target_ids[:-1])
   y = embedding[decoder_ids] + positions[:len(decoder_ids)]
   y = _stack(w, "decoder", y, [
       self_attention(True),
       lambda p, y: _attention(w, p + "EncDecAttention/", y, encoded, False),
       ffn])
   logits = (y * D_MODEL ** -0.5) @ embedding.T  # tied softmax weights
-  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+def numpy_score(w, input_ids, target_ids):
+  """log p(targets | inputs) by teacher forcing: the decoder reads the
+  targets shifted right."""
+  log_probs = numpy_log_probs(w, input_ids, [0] + list(target_ids[:-1]))
   return log_probs[np.arange(len(target_ids)), target_ids].sum()
+
+
+def numpy_greedy_decode(w, input_ids):
+  """The argmax id at each step, up to EOS or LENGTH ids."""
+  ids = []
+  while len(ids) < LENGTH and (not ids or ids[-1] != 1):
+    ids.append(int(np.argmax(numpy_log_probs(w, input_ids, [0] + ids)[-1])))
+  return ids
 
 
 def _ids(text):
@@ -238,6 +258,22 @@ def test_scores_equal_numpy_forward_pass(original, tmp_path, mesh):
       f"score_from_strings.targets = {TARGETS!r}")
   assert targets == TARGETS
   np.testing.assert_allclose(scores, expected_scores(), rtol=1e-5)
+
+
+def test_greedy_decodes_equal_numpy(original, tmp_path):
+  model_dir = _copy(original, tmp_path)
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("\n".join(INPUTS) + "\n")
+  run_main(model_dir, *MESHES["2d"], "utils.run.mode = 'infer'",
+           f"utils.run.eval_checkpoint_step = {STEP}",
+           f"decode_from_file.input_filename = '{inputs}'",
+           f"decode_from_file.output_filename = '{tmp_path / 'decodes'}'")
+  decodes = (tmp_path / f"decodes-{STEP}").read_text().split("\n")[:-1]
+  w = {k: v for k, v in VALUES.items() if "_slot_" not in k}
+  expected = ["".join(chr(i - 3) for i in numpy_greedy_decode(w, _ids(text)))
+              for text in INPUTS]
+  assert all(len(e) == LENGTH for e in expected), expected
+  assert decodes == expected
 
 
 def test_warm_start_resumes_at_the_original_step(original, tmp_path):
