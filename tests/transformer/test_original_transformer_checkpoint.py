@@ -15,6 +15,7 @@ global_step of 1000. Then, through `transformer.main`:
   1000, and so does training in a model_dir holding it.
 """
 
+import logging
 import os
 import shutil
 
@@ -250,13 +251,17 @@ def _copy(original_dir, tmp_path):
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
-def test_scores_equal_numpy_forward_pass(original, tmp_path, mesh):
+def test_scores_equal_numpy_forward_pass(original, tmp_path, mesh, caplog):
   model_dir = _copy(original, tmp_path)
-  scores, targets = run_main(
-      model_dir, *MESHES[mesh], "utils.run.mode = 'score_from_strings'",
-      f"score_from_strings.inputs = {INPUTS!r}",
-      f"score_from_strings.targets = {TARGETS!r}")
+  with caplog.at_level(logging.WARNING):
+    scores, targets = run_main(
+        model_dir, *MESHES[mesh], "utils.run.mode = 'score_from_strings'",
+        f"score_from_strings.inputs = {INPUTS!r}",
+        f"score_from_strings.targets = {TARGETS!r}")
   assert targets == TARGETS
+  # Every variable of the model was in the checkpoint.
+  assert not [r for r in caplog.records
+              if "keep their initial values" in r.getMessage()]
   np.testing.assert_allclose(scores, expected_scores(), rtol=1e-5)
 
 
