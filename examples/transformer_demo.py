@@ -19,6 +19,10 @@ import sys
 import threading
 import time
 
+# Quiet TensorFlow's C++ start-up lines in this process too (it imports TF
+# to read the results).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 GIN_FILES = ["models/bi_base.gin", "models/tiny.gin", "problems/addition.gin",
              "layouts/2x2_dp_mp.gin", "addition_demo.gin"]
 HELD_OUT_SHOWN = 8
