@@ -145,10 +145,12 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
       raise mtf.ShapeError(
           f"dense of {x.name} {x.shape}: reduced dimension {d} is not a "
           "dimension of the input.")
-  # A reduced dimension named like a new one would collide in the kernel:
+  # A reduced dimension named like a new one (of any size: e.g. a channels
+  # dimension widened under its own name) would collide in the kernel:
   # rename it in the input first.
+  new_names = {d.name for d in new_dims}
   for i, d in enumerate(reduced_dims):
-    if d in new_dims:
+    if d.name in new_names:
       tmp = mtf.Dimension("_" + d.name, d.size)
       x = mtf.rename_dimension(x, d.name, tmp.name)
       reduced_dims[i] = tmp

@@ -123,6 +123,26 @@ def test_dense_renames_reduced_dim_named_like_new_dim():
                              atol=1e-5)
 
 
+def test_dense_renames_reduced_dim_named_like_new_dim_of_other_size():
+  """A channels dimension widened under its own name (hidden:16 ->
+  hidden:32, as the Evolved Transformer's cells do)."""
+  wide = mtf.Dimension("hidden", 32)
+  kernel_value = _rand([16, 32], 5)
+  x_value = _rand([8, 16], 6)
+
+  def build(mesh):
+    x = _import(mesh, x_value, [BATCH, HIDDEN])
+    y = layers.dense(x, wide, reduced_dims=[HIDDEN], use_bias=False,
+                     kernel_initializer=kernel_value, name="widen")
+    return {"y": y}, None, {}
+
+  got, graph = _run("all:8", "hidden:all", "eager", build)
+  kernel = graph.name_to_variable["widen/kernel"]
+  assert kernel.shape == mtf.Shape([mtf.Dimension("_hidden", 16), wide])
+  np.testing.assert_allclose(got["y"], x_value @ kernel_value, rtol=1e-5,
+                             atol=1e-5)
+
+
 def test_dense_default_reduced_dims_warns(monkeypatch):
   warnings = []
   monkeypatch.setattr(layers.logging, "warning",

@@ -14,6 +14,7 @@ configurables (optimizers, initializers) under the original's names.
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import dataset
 from mesh_tensorflow.transformer import embedded_task
+from mesh_tensorflow.transformer import evolved_transformer
 from mesh_tensorflow.transformer import gin_bindings
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import moe
