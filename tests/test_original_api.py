@@ -33,6 +33,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.test_utils",
     "mesh_tensorflow.tpu_variables",
     "mesh_tensorflow.utils",
+    "mesh_tensorflow.transformer.adaptive_softmax",
     "mesh_tensorflow.transformer.attention",
     "mesh_tensorflow.transformer.dataset",
     "mesh_tensorflow.transformer.learning_rate_schedules",
