@@ -36,6 +36,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.transformer.adaptive_softmax",
     "mesh_tensorflow.transformer.attention",
     "mesh_tensorflow.transformer.dataset",
+    "mesh_tensorflow.transformer.funnel_transformer",
     "mesh_tensorflow.transformer.learning_rate_schedules",
     "mesh_tensorflow.transformer.memory_layers",
     "mesh_tensorflow.transformer.moe",
