@@ -114,10 +114,12 @@ def test_repeats_share_parameters_and_names_follow_the_original():
       "rms_norm/scale"]  # The final sublayers' norm.
 
 
-@pytest.mark.parametrize("mode", ["function", "graph"])
-def test_same_under_layouts(mode):
+@pytest.mark.parametrize("mode,layouts", [
+    ("function", layer_testing.LAYOUTS),
+    ("graph", layer_testing.LAYOUTS[3:])])  # 2-D only: the time budget.
+def test_same_under_layouts(mode, layouts):
   layer_testing.assert_same_under_layouts(_builder(_tiny_stack()),
-                                          modes=(mode,))
+                                          layouts=layouts, modes=(mode,))
 
 
 def test_rejects_inconsistent_sizes():
@@ -150,8 +152,8 @@ def _make_funnel_bitransformer():
 def test_bitransformer_funnel_trains_and_decodes():
   model = _make_funnel_bitransformer()
   losses = model_testing.train_losses(
-      lambda mesh: model_testing.bi_loss(model, mesh), "batch:2;model:4",
-      layer_testing.LAYOUTS[3][2], "function", 6,
+      lambda mesh: model_testing.bi_loss(model, mesh), "batch:2",
+      "batch:batch", "function", 6,
       lambda: mtf.optimize.AdafactorOptimizer(learning_rate=0.1))
   assert np.all(np.isfinite(losses))
   assert losses[-1] < losses[0] - 0.3, losses
