@@ -105,9 +105,11 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
     # The pipelines of a LayerStack built with the same arguments.
     defaults = transformer.LayerStack(
         [], sublayers_initial, sublayers_per_layer, sublayers_final)
-    self._sublayers_initial = defaults._sublayers_initial  # pylint: disable=protected-access
-    self._sublayers_per_layer = defaults._sublayers_per_layer  # pylint: disable=protected-access
-    self._sublayers_final = defaults._sublayers_final  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    self._sublayers_initial = defaults._sublayers_initial
+    self._sublayers_per_layer = defaults._sublayers_per_layer
+    self._sublayers_final = defaults._sublayers_final
+    # pylint: enable=protected-access
     self.pool_fn = _POOL_FNS[pooling_type]
     self.n_submodules = n_submodules
     self._context = None

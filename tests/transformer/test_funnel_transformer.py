@@ -176,19 +176,52 @@ def test_gin_configures_the_original_names():
   with gin.unlock_config():
     gin.clear_config()
     gin.parse_config("""
-        funnel_transformer.FunnelTransformerLayerStack.n_blocks = 2
-        funnel_transformer.FunnelTransformerLayerStack.block_param_size = [1, 1]
-        funnel_transformer.FunnelTransformerLayerStack.block_repeat_size = [1, 1]
-        funnel_transformer.FunnelTransformerLayerStack.pooling_type = "max"
-        BitransformerFunnel.decode.beam_size = 1
+    funnel_transformer.FunnelTransformerLayerStack.n_blocks = 2
+    funnel_transformer.FunnelTransformerLayerStack.block_param_size = [1, 2]
+    funnel_transformer.FunnelTransformerLayerStack.block_repeat_size = [2, 1]
+    funnel_transformer.FunnelTransformerLayerStack.pooling_type = "max"
+    BitransformerFunnel.decode.beam_size = 1
     """)
     try:
       stack = gin.get_configurable(
           "mesh_tensorflow.transformer.funnel_transformer."
-          "FunnelTransformerLayerStack")([_Zero()] * 4)
+          "FunnelTransformerLayerStack")([_Zero()] * 6)
       cls = gin.get_configurable(
           "mesh_tensorflow.transformer.funnel_transformer.BitransformerFunnel")
     finally:
       gin.clear_config()
   assert stack.pool_fn is mtf.reduce_max
   assert issubclass(cls, transformer.Bitransformer)
+
+
+def test_gin_builds_a_funnel_bitransformer_as_the_original_configs_do():
+  with gin.unlock_config():
+    gin.clear_config()
+    gin.parse_config("""
+    import mesh_tensorflow.transformer.funnel_transformer
+    transformer.make_bitransformer.bitransformer_cls = \\
+        @funnel_transformer.BitransformerFunnel
+    encoder/transformer.make_layer_stack.layer_stack_cls = \\
+        @funnel_transformer.FunnelTransformerLayerStack
+    encoder/transformer.make_layer_stack.num_layers = 3
+    encoder/transformer.make_layer_stack.layers = [
+        @transformer_layers.SelfAttention,
+        @transformer_layers.DenseReluDense]
+    decoder/transformer.make_layer_stack.layers = [
+        @transformer_layers.SelfAttention,
+        @transformer_layers.EncDecAttention,
+        @transformer_layers.DenseReluDense]
+    FunnelTransformerLayerStack.n_blocks = 2
+    FunnelTransformerLayerStack.block_param_size = [1, 2]
+    FunnelTransformerLayerStack.block_repeat_size = [1, 1]
+    transformer.Unitransformer.max_length = 8
+    """)
+    try:
+      model = transformer.make_bitransformer(input_vocab_size=30,
+                                             output_vocab_size=30)
+    finally:
+      gin.clear_config()
+  assert isinstance(model, funnel_transformer.BitransformerFunnel)
+  stack = model.encoder.layer_stack
+  assert isinstance(stack, funnel_transformer.FunnelTransformerLayerStack)
+  assert (stack.num_layers, stack.block_param_size) == (6, [1, 2])
