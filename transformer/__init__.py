@@ -11,12 +11,15 @@ gin configurable has the original's name, so the original's gin files
 configurables (optimizers, initializers) under the original's names.
 """
 
+from mesh_tensorflow.transformer import adaptive_softmax
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import dataset
 from mesh_tensorflow.transformer import embedded_task
 from mesh_tensorflow.transformer import evolved_transformer
+from mesh_tensorflow.transformer import funnel_transformer
 from mesh_tensorflow.transformer import gin_bindings
 from mesh_tensorflow.transformer import learning_rate_schedules
+from mesh_tensorflow.transformer import memory_layers
 from mesh_tensorflow.transformer import moe
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
