@@ -35,6 +35,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.utils",
     "mesh_tensorflow.transformer.attention",
     "mesh_tensorflow.transformer.dataset",
+    "mesh_tensorflow.transformer.fixup_layers",
     "mesh_tensorflow.transformer.learning_rate_schedules",
     "mesh_tensorflow.transformer.moe",
     "mesh_tensorflow.transformer.transformer",
