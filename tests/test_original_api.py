@@ -40,6 +40,7 @@ COVERED_MODULES = (
     "mesh_tensorflow.transformer.moe",
     "mesh_tensorflow.transformer.transformer",
     "mesh_tensorflow.transformer.transformer_layers",
+    "mesh_tensorflow.transformer.universal_transformer",
     "mesh_tensorflow.transformer.utils",
     "mesh_tensorflow.transformer.main",
     "mesh_tensorflow.transformer.vocab_embeddings",
