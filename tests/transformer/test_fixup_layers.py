@@ -40,6 +40,15 @@ def _builder(layer, mode="eval", wrt_variables=False):
   return build
 
 
+def _assert_same_under_layouts(build):
+  """Every layout in tf.function, and graph mode on the 2-D layout."""
+  reference = layer_testing.assert_same_under_layouts(build,
+                                                      modes=("function",))
+  layer_testing.assert_same_under_layouts(
+      build, layouts=layer_testing.LAYOUTS[3:], modes=("graph",))
+  return reference
+
+
 def _uniform_std(limit):
   return limit / np.sqrt(3.0)
 
@@ -78,9 +87,8 @@ def test_dense_relu_dense_fixup_same_under_layouts():
   layer = fixup_layers.DenseReluDenseFixup(hidden_size=D_FF, num_blocks=4,
                                            dropout_rate=0.25)
   layer.downproject_initializer = mtf.layers.VarianceScalingInitializer()
-  layer_testing.assert_same_under_layouts(
-      _builder(layer, mode="train", wrt_variables=True),
-      modes=("function", "graph"))
+  _assert_same_under_layouts(
+      _builder(layer, mode="train", wrt_variables=True))
 
 
 @pytest.mark.parametrize("default_init,he", [("glorot", False), ("he", True)])
@@ -123,9 +131,8 @@ def test_self_attention_fixup_same_under_layouts():
   # gradient by o_fixup carries the attention's answer.
   layer = fixup_layers.SelfAttentionFixup(
       num_blocks=4, num_heads=8, key_value_size=4, dropout_rate=0.5)
-  ref = layer_testing.assert_same_under_layouts(
-      _builder(layer, mode="train", wrt_variables=True),
-      modes=("function", "graph"))
+  ref = _assert_same_under_layouts(
+      _builder(layer, mode="train", wrt_variables=True))
   assert np.abs(ref["d_o_fixup"]).max() > 0
 
 
@@ -139,8 +146,7 @@ def test_sublayers_fixup_scale_and_shift_match_numpy():
     loss = mtf.reduce_sum(y * y)
     return ({"y": y}, loss,
             {v.name: v.outputs[0] for v in mesh.graph.trainable_variables})
-  got = layer_testing.assert_same_under_layouts(build,
-                                                modes=("function", "graph"))
+  got = _assert_same_under_layouts(build)
   assert got["fixup_bias"].shape == (1,) and got["fixup_bias"][0] == 0
   assert got["fixup_scale_weight"].shape == (1,)
   assert got["fixup_scale_weight"][0] == 1
@@ -195,6 +201,5 @@ def test_gin_built_fixup_model_trains():
     return mt.lm_loss(model, mesh)
 
   losses = mt.train_losses(
-      make_loss, "batch:2;model:4", layer_testing.LAYOUTS[3][2], "function",
-      8, lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
+      make_loss, "all:1", "", "function", 6, lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
   assert losses[-1] < losses[0] - 0.3, losses

@@ -141,35 +141,41 @@ def test_basic_recurrence_with_timing_signals_matches_numpy():
   np.testing.assert_allclose(got["y"], _np_norm(x), rtol=1e-4, atol=1e-4)
 
 
+def _assert_same_under_layouts(build, layouts=layer_testing.LAYOUTS):
+  """`layouts` in tf.function; graph mode on the 2-D layout (the
+  recurrences make big programs: this keeps the file quick)."""
+  layer_testing.assert_same_under_layouts(build, layouts, modes=("function",))
+  layer_testing.assert_same_under_layouts(
+      build, layouts=layer_testing.LAYOUTS[3:], modes=("graph",))
+
+
 def _named(layers):
   for i, layer in enumerate(layers):
     layer.set_name(f"layer_{i:03d}")
   return layers
 
 
-def test_act_with_attention_same_under_layouts():
-  stack = _stack(
-      _named([transformer_layers.SelfAttention(num_heads=8,
-                                               key_value_size=4),
-              transformer_layers.DenseReluDense(hidden_size=32)]),
-      recurrence_type="act", act_max_steps=1, dropout_rate=0.1,
-      add_step_timing_signal=True, add_position_timing_signal=True,
-      mix_with_transformer_before_ut=True, num_vanilla_transformer_layers=1)
-  layer_testing.assert_same_under_layouts(
-      _builder(stack, mode="train", wrt_variables=True),
-      modes=("function", "graph"))
-
-
-def test_gated_highway_with_concat_signals_same_under_layouts():
+def test_act_with_timing_signals_same_under_layouts():
   stack = _stack(
       _named([transformer_layers.DenseReluDense(hidden_size=32)]),
-      recurrence_type="highway", num_rec_steps=2, gates_inputs="sti",
-      couple_carry_transform_gates=False, use_gated_transformer=True,
-      gating_type="gru", gate_ffn_layer="dense_relu_dense",
-      add_step_timing_signal=True, step_timing_signal_type="sinusoid",
-      add_position_timing_signal=True, add_or_concat_timing_signal="concat")
-  layer_testing.assert_same_under_layouts(
-      _builder(stack, wrt_variables=True), modes=("function", "graph"))
+      recurrence_type="act", act_max_steps=1, dropout_rate=0.1,
+      add_step_timing_signal=True, add_position_timing_signal=True,
+      position_start_index="step")
+  _assert_same_under_layouts(_builder(stack, mode="train"))
+
+
+def test_highway_with_gru_gates_and_concat_signals_same_under_2d_layout():
+  # Every mesh dimension of the 2-D layout splits something (batch, d_ff),
+  # so one layout stands for the others in this bigger program.
+  stack = _stack(
+      _named([transformer_layers.DenseReluDense(hidden_size=32)]),
+      recurrence_type="highway", num_rec_steps=1, gates_inputs="sti",
+      use_gated_transformer=True, gating_type="gru",
+      gate_ffn_layer="dense_relu_dense", add_step_timing_signal=True,
+      step_timing_signal_type="sinusoid", add_position_timing_signal=True,
+      add_or_concat_timing_signal="concat")
+  _assert_same_under_layouts(_builder(stack),
+                             layouts=layer_testing.LAYOUTS[3:])
 
 
 def test_unknown_recurrence_type_is_named():
@@ -229,6 +235,6 @@ def test_gin_built_universal_transformer_trains():
     return mt.lm_loss(model, mesh)
 
   losses = mt.train_losses(
-      make_loss, "batch:8", "batch:batch", "function", 8,
+      make_loss, "all:1", "", "function", 6,
       lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
   assert losses[-1] < losses[0] - 0.3, losses
