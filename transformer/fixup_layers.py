@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import seeded_initializers
+from mesh_tensorflow.transformer import self_attention_layers
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
 
@@ -312,9 +313,7 @@ class SelfAttentionFixup(transformer_layers.SelfAttention):
 
   def make_params(self, context):
     """AttentionParamsFixup with this layer's heads (creates variables)."""
-    # pylint: disable=protected-access
-    from mesh_tensorflow.transformer import self_attention_layers  # pylint: disable=g-import-not-at-top
-    return self_attention_layers._attention_params(
+    return self_attention_layers._attention_params(  # pylint: disable=W0212
         AttentionParamsFixup, "SelfAttentionFixup", context, self.kv_dim,
         self.num_heads, self.num_memory_heads,
         shared_kv=self.shared_kv,

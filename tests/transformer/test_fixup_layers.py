@@ -201,5 +201,6 @@ def test_gin_built_fixup_model_trains():
     return mt.lm_loss(model, mesh)
 
   losses = mt.train_losses(
-      make_loss, "all:1", "", "function", 6, lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
+      make_loss, "all:1", "", "function", 6,
+      lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
   assert losses[-1] < losses[0] - 0.3, losses
