@@ -178,6 +178,17 @@ def test_highway_with_gru_gates_and_concat_signals_same_under_2d_layout():
                              layouts=layer_testing.LAYOUTS[3:])
 
 
+def test_random_halting_and_random_start_same_under_layouts():
+  # Random halting probabilities and a random start position: mtf's random
+  # ops draw the same numbers under every layout.
+  stack = _stack([HalveLayer()], recurrence_type="act", act_type="random",
+                 act_max_steps=2, add_position_timing_signal=True,
+                 position_start_index="random")
+  got = layer_testing.assert_same_under_layouts(_builder(stack),
+                                                modes=("function",))
+  assert np.all(np.isfinite(got["y"])) and np.abs(got["y"]).max() > 0
+
+
 def test_unknown_recurrence_type_is_named():
   with pytest.raises(ValueError, match="'lstm'"):
     _stack([HalveLayer()], recurrence_type="lstm")
