@@ -55,7 +55,8 @@ def _uniform_std(limit):
 
 @pytest.mark.parametrize("default_init,scale,fan", [
     ("he", lambda n: 2.0 / n, D_MODEL),
-    ("glorot", lambda n: 1.0 / n, (D_MODEL + D_FF) / 2)])
+    ("glorot", lambda n: 1.0 / n, (D_MODEL + D_FF) / 2)],
+                         ids=["he", "glorot"])
 def test_dense_relu_dense_fixup_initial_scales(default_init, scale, fan):
   num_blocks = 6
   layer = fixup_layers.DenseReluDenseFixup(
@@ -91,7 +92,8 @@ def test_dense_relu_dense_fixup_same_under_layouts():
       _builder(layer, mode="train", wrt_variables=True))
 
 
-@pytest.mark.parametrize("default_init,he", [("glorot", False), ("he", True)])
+@pytest.mark.parametrize("default_init,he", [("glorot", False), ("he", True)],
+                         ids=["glorot", "he"])
 def test_attention_params_fixup_initial_scales(default_init, he):
   num_blocks = 8
   layer = fixup_layers.SelfAttentionFixup(
