@@ -330,11 +330,49 @@ def _lowering_counters(mesh_shape, layout):
     return dict(lowering.counters)
 
 
-def test_experts_split_dispatch_is_all_to_all():
-  counters = _lowering_counters("batch:8", "batch:batch;experts:batch")
+# The dispatched tensor [experts=8, groups=8, capacity=2, d_model=16] in
+# float32: an all-to-all that carries it once (no replication) moves this.
+DISPATCHED_BYTES = 8 * 8 * 2 * D_MODEL * 4
+
+
+@pytest.mark.parametrize("mesh_shape,layout,experts_axis,split_d_model", [
+    ("batch:8", "batch:batch;experts:batch", "batch", False),
+    # The experts over a mesh dimension called "model" (which then also
+    # splits the tokens).
+    ("model:8", "batch:model;experts:model", "model", False),
+    # 2-D: experts over "batch"; d_model is split over "model" for the move
+    # (the original's d_model_split), so each all-to-all carries a quarter
+    # of every vector and d_model is gathered back over "model" after it.
+    ("batch:2;model:4",
+     "batch:batch;experts:batch;d_model_split:model;expert_hidden:model",
+     "batch", True),
+])
+def test_experts_split_dispatch_is_all_to_all(mesh_shape, layout,
+                                              experts_axis, split_d_model):
+  counters = _lowering_counters(mesh_shape, layout)
   # Dispatch and combine, forward and backward.
-  assert counters.get("comm/alltoall/batch/calls", 0) >= 4, counters
-  assert not [k for k in counters if k.startswith("comm/allconcat")], (
+  assert counters.get(f"comm/alltoall/{experts_axis}/calls", 0) == 4, (
+      counters)
+  assert counters[f"comm/alltoall/{experts_axis}/bytes"] == (
+      4 * DISPATCHED_BYTES), counters
+  assert not [k for k in counters
+              if k.startswith(f"comm/allconcat/{experts_axis}/")], counters
+  if not split_d_model:
+    assert not [k for k in counters if k.startswith("comm/allconcat")], (
+        counters)
+
+
+def test_experts_over_model_with_replicated_tokens_dispatch_locally():
+  """When the tokens are not split over the experts' mesh dimension there
+  is nothing to exchange: each processor slices its experts' inputs, and
+  only the experts' outputs are gathered (forward) and the gradients of
+  their inputs (backward)."""
+  counters = _lowering_counters("model:8",
+                                "experts:model;d_ff:model;heads:model")
+  assert not [k for k in counters if k.startswith("comm/alltoall")], (
+      counters)
+  assert counters.get("comm/allconcat/model/calls") == 2, counters
+  assert counters["comm/allconcat/model/bytes"] == 2 * DISPATCHED_BYTES, (
       counters)
 
 
