@@ -339,6 +339,15 @@ MOE_LAYOUTS = (
     ("experts_on_model", "model:8", "experts:model;d_ff:model;heads:model"),
     ("2d", "batch:2;model:4",
      "batch:batch;experts:batch;expert_hidden:model;d_ff:model"),
+    # Data parallel, every processor holding every expert.
+    ("dp", "batch:8", "batch:batch"),
+    # 2-D with the experts over "model", and with d_model split over
+    # "model" for the all-to-all over "batch" (the original's
+    # d_model_split).
+    ("2d_experts_on_model", "batch:2;model:4",
+     "batch:batch;experts:model;d_ff:model"),
+    ("2d_d_model_split", "batch:2;model:4",
+     "batch:batch;experts:batch;d_model_split:model;expert_hidden:model"),
 )
 
 
@@ -387,7 +396,8 @@ def moe1d_reference():
 
 @pytest.mark.parametrize("case_id,mesh_shape,layout,mode", [
     case + ("function",) for case in MOE_LAYOUTS] + [
-        MOE_LAYOUTS[2] + ("graph",), MOE_LAYOUTS[0] + ("simd",)])
+        case + ("graph",) for case in MOE_LAYOUTS[1:5]] + [
+            MOE_LAYOUTS[0] + ("simd",)])
 def test_moe1d_same_under_layouts(moe1d_reference, case_id, mesh_shape,
                                   layout, mode):
   got = _run_moe1d(mesh_shape, layout, mode)
@@ -557,14 +567,31 @@ def _moe2d_build(mesh_shape, layout):
   return build
 
 
-def test_moe2d_same_under_layouts():
-  want = layer_testing.run_under("all:1", "", "function",
+MOE2D_LAYOUTS = (
+    ("dp", "batch:2", "batch:batch;expert_x:batch"),
+    ("mp", "model:4", "outer_batch:model;expert_y:model"),
+    ("2d", MOE2D_LAYOUT[0], MOE2D_LAYOUT[1]),
+)
+
+
+@pytest.fixture(scope="module")
+def moe2d_reference():
+  return layer_testing.run_under("all:1", "", "function",
                                  _moe2d_build("all:1", ""))
-  got = layer_testing.run_under(MOE2D_LAYOUT[0], MOE2D_LAYOUT[1], "function",
-                                _moe2d_build(*MOE2D_LAYOUT))
+
+
+@pytest.mark.parametrize("case_id,mesh_shape,layout,mode", [
+    case + ("function",) for case in MOE2D_LAYOUTS] + [
+        MOE2D_LAYOUTS[2] + ("graph",)])
+def test_moe2d_same_under_layouts(moe2d_reference, case_id, mesh_shape,
+                                  layout, mode):
+  want = moe2d_reference
+  got = layer_testing.run_under(mesh_shape, layout, mode,
+                                _moe2d_build(mesh_shape, layout))
+  assert set(got) == set(want)
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5,
-                               err_msg=key)
+                               err_msg=f"{key} {case_id} {mode}")
   assert np.abs(want["y"]).max() > 0
   assert sorted(k for k in want if k.startswith("moe2d/")) == [
       "moe2d/inner_gating/kernel", "moe2d/outer_gating/kernel",
