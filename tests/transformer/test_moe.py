@@ -642,3 +642,34 @@ def test_moe2d_dispatch_is_all_to_all():
   assert counters.get("comm/alltoall/model/calls", 0) >= 2, counters
   assert not [k for k in counters if k.startswith("comm/allconcat")], (
       counters)
+
+
+def test_language_model_with_moe1d_overfits_a_tiny_batch():
+  """A one-block LM whose feed-forward layer is an MoE1D learns the fixed
+  batch of model_testing down to what no LM can beat (plus the balance
+  loss)."""
+  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import transformer
+  from tests.transformer import model_testing as mt
+  from tests.transformer import test_transformer_model
+  from tests.transformer import tiny_layers
+
+  def make_loss(mesh):
+    moe_layer = lambda: moe.MoE1D(  # pylint: disable=g-long-lambda
+        num_experts=4, hidden_size=32, group_size=64,
+        capacity_factor_train=2.0, second_policy_train="all",
+        min_expert_capacity=1)
+    model = transformer.Unitransformer(
+        transformer.make_layer_stack(
+            [tiny_layers.TinySelfAttention, moe_layer], num_layers=1),
+        d_model=mt.D, input_vocab_size=mt.V, output_vocab_size=mt.V,
+        autoregressive=True, max_length=mt.L, z_loss=0.0,
+        vocab_divisor=mt.VOCAB_DIVISOR, name="decoder", layout="",
+        mesh_shape="all:1")
+    return mt.lm_loss(model, mesh)
+
+  losses = mt.train_losses(
+      make_loss, "all:1", "", "function", 120,
+      lambda: mtf.optimize.AdafactorOptimizer(learning_rate=0.03))
+  floor = test_transformer_model._prefix_entropy(mt.TARGETS)
+  assert losses[-1] < floor + 0.05, (floor, losses[::10])
