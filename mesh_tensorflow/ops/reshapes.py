@@ -70,33 +70,52 @@ class ReshapeOperation(graph_lib.Operation):
         return axis
       return None
 
-    # Concatenate first (frees old tensor axes), then split.
-    for mesh_axis in changed:
-      if old_cumprod[mesh_axis] is not None and new_cumprod[mesh_axis] is None:
+    # As in the original: split first (local, and it shrinks what the
+    # collectives below carry), then all-to-all, then concatenate. A move
+    # whose target axis is still split waits until the concatenations have
+    # freed it; failing that it concatenates and splits after the reshape.
+    splits = [a for a in changed
+              if old_cumprod[a] is None and new_cumprod[a] is not None]
+    alltoalls = [a for a in changed
+                 if old_cumprod[a] is not None and new_cumprod[a] is not None]
+    concats = [a for a in changed
+               if old_cumprod[a] is not None and new_cumprod[a] is None]
+    split_after = []
+
+    def try_split(mesh_axis):
+      split_axis = splittable_old_axis(mesh_axis)
+      if split_axis is None:
+        return False
+      nonlocal x
+      x = impl.allsplit(x, mesh_axis, split_axis)
+      current[split_axis] = mesh_axis
+      return True
+
+    def try_alltoall(mesh_axis):
+      concat_axis = current.index(mesh_axis)
+      current[concat_axis] = None
+      split_axis = splittable_old_axis(mesh_axis)
+      if split_axis is None:
+        current[concat_axis] = mesh_axis
+        return False
+      nonlocal x
+      x = impl.alltoall(x, mesh_axis, split_axis, concat_axis)
+      current[split_axis] = mesh_axis
+      return True
+
+    splits = [a for a in splits if not try_split(a)]
+    alltoalls = [a for a in alltoalls if not try_alltoall(a)]
+    for mesh_axis in concats:
+      concat_axis = current.index(mesh_axis)
+      x = impl.allconcat(x, mesh_axis, concat_axis)
+      current[concat_axis] = None
+    for mesh_axis in alltoalls:
+      if not try_alltoall(mesh_axis):
         concat_axis = current.index(mesh_axis)
         x = impl.allconcat(x, mesh_axis, concat_axis)
         current[concat_axis] = None
-    split_after = []
-    for mesh_axis in changed:
-      if new_cumprod[mesh_axis] is None:
-        continue
-      if old_cumprod[mesh_axis] is not None:
-        concat_axis = current.index(mesh_axis)
-        current[concat_axis] = None
-        split_axis = splittable_old_axis(mesh_axis)
-        if split_axis is not None:
-          x = impl.alltoall(x, mesh_axis, split_axis, concat_axis)
-          current[split_axis] = mesh_axis
-        else:
-          x = impl.allconcat(x, mesh_axis, concat_axis)
-          split_after.append(mesh_axis)
-      else:
-        split_axis = splittable_old_axis(mesh_axis)
-        if split_axis is not None:
-          x = impl.allsplit(x, mesh_axis, split_axis)
-          current[split_axis] = mesh_axis
-        else:
-          split_after.append(mesh_axis)
+        split_after.append(mesh_axis)
+    split_after += [a for a in splits if not try_split(a)]
 
     new_layout = impl.tensor_layout(new_shape)
     intermediate = [

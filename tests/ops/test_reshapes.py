@@ -79,6 +79,16 @@ RESHAPE_CASES = [
     ("2d_allconcat_both", "rows:2;cols:4", "a:rows;b:cols",
      [("a", 8), ("b", 16)], [("c", 4), ("d", 32)],
      [("allconcat", 0, [4, 4]), ("allconcat", 1, [8, 4])]),
+    # The mixture-of-experts dispatch: the split moves from the groups "g"
+    # to the experts "x" over rows while d_model "m" gets split over cols.
+    # Splitting first makes the all-to-all carry a quarter of d_model.
+    ("2d_allsplit_before_alltoall", "rows:2;cols:4", "g:rows;x:rows;n:cols",
+     [("e", 8), ("g", 4), ("m", 16)], [("x", 8), ("h", 4), ("n", 16)],
+     [("allsplit", 1, [8, 2, 16]), ("alltoall", 0, [8, 2, 4])]),
+    # And back: all-to-all before the allconcat that ends the cols split.
+    ("2d_alltoall_before_allconcat", "rows:2;cols:4", "g:rows;x:rows;n:cols",
+     [("x", 8), ("h", 4), ("n", 16)], [("e", 8), ("g", 4), ("m", 16)],
+     [("alltoall", 0, [4, 4, 4]), ("allconcat", 1, [8, 2, 4])]),
 ]
 
 

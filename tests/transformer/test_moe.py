@@ -39,8 +39,13 @@ def _dims():
           mtf.Dimension("group", GROUP), mtf.Dimension("d_model", D_MODEL)]
 
 
-def np_top_2_gating(x, w, importance, capacity, policy, threshold):
-  """NumPy top-2 gating, token by token: (combine [..., S, E, C], loss)."""
+def np_top_2_gating(x, w, importance, capacity, policy, threshold,
+                    use_second=None):
+  """NumPy top-2 gating, token by token: (combine [..., S, E, C], loss).
+
+  `use_second` ([..., S] of 0/1), if given, replaces the policy's choice
+  of which tokens also go to their second expert (for "random").
+  """
   gates = _softmax(x.astype(np.float64) @ w)
   num_experts = w.shape[-1]
   full = (importance == 1.0).astype(np.float64)
@@ -57,7 +62,8 @@ def np_top_2_gating(x, w, importance, capacity, policy, threshold):
   proxy = (gates * full[..., None]).mean(-2)
   loss = (density * proxy).mean() * num_experts ** 2
   use2 = {"all": np.ones_like(g2), "none": np.zeros_like(g2),
-          "threshold": (g2 > threshold).astype(np.float64)}[policy]
+          "threshold": (g2 > threshold).astype(np.float64),
+          "random": use_second}[policy]
   mask2 = mask2 * use2[..., None]
   combine = np.zeros(x.shape[:-1] + (num_experts, capacity))
   for o in range(x.shape[0]):
@@ -76,7 +82,7 @@ def np_top_2_gating(x, w, importance, capacity, policy, threshold):
           if count[e] < capacity:
             combine[o, g, s, e, count[e]] += g2[o, g, s]
           count[e] += 1
-  return combine, loss
+  return combine, loss, g2
 
 
 def np_switch_gating(x, w, importance, capacity):
@@ -142,7 +148,8 @@ def test_top_2_gating_matches_numpy(policy, mesh_shape, layout):
   x, importance, w, got = _run_gating(
       mesh_shape, layout, moe._top_2_gating, _top_2_hparams(policy),
       capacity)
-  want, want_loss = np_top_2_gating(x, w, importance, capacity, policy, 0.3)
+  want, want_loss, _ = np_top_2_gating(x, w, importance, capacity, policy,
+                                       0.3)
   np.testing.assert_allclose(got["combine"], want, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(got["dispatch"], (want != 0).astype(
       np.float32))
@@ -156,6 +163,130 @@ def test_top_2_gating_matches_numpy(policy, mesh_shape, layout):
     assert (routed[importance == 1] < 2).any()  # drops at capacity
   if policy == "none":
     assert routed.max() == 1
+
+
+def test_top_2_random_policy_matches_numpy():
+  """"random" sends a token to its second expert with probability
+  min(1, gate_2 / threshold): always when gate_2 >= threshold, sometimes
+  below; otherwise routing is that of the other policies, and the draw is
+  the same under every layout."""
+  capacity = GROUP  # Nothing dropped: the dispatch shows every choice.
+  threshold = 0.4
+  runs = [_run_gating(mesh_shape, layout, moe._top_2_gating,
+                      _top_2_hparams("random", threshold), capacity)
+          for _, mesh_shape, layout in GATING_LAYOUTS]
+  x, importance, w, got = runs[0]
+  for _, _, _, other in runs[1:]:
+    np.testing.assert_array_equal(other["dispatch"], got["dispatch"])
+    for key in ("combine", "loss"):
+      np.testing.assert_allclose(other[key], got[key], rtol=1e-6,
+                                 err_msg=key)
+  routed = got["dispatch"].sum((-2, -1))
+  use_second = (routed == 2).astype(np.float64)
+  want, want_loss, gate_2 = np_top_2_gating(
+      x, w, importance, capacity, "random", threshold, use_second)
+  np.testing.assert_allclose(got["combine"], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5)
+  real = importance == 1
+  assert (use_second[real & (gate_2 >= threshold)] == 1).all()
+  below = real & (gate_2 < threshold)
+  # Some of those below the threshold are kept, some not (a fair draw).
+  assert 0 < use_second[below].sum() < below.sum()
+  # Tiny threshold: always (as "all"); huge: never (as "none").
+  for threshold, policy in ((1e-9, "all"), (1e9, "none")):
+    _, _, _, got = _run_gating("all:1", "", moe._top_2_gating,
+                               _top_2_hparams("random", threshold), 2)
+    want, _, _ = np_top_2_gating(x, w, importance, 2, policy, threshold)
+    np.testing.assert_allclose(got["combine"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_top_2_gating_eval_uses_the_eval_policy():
+  hparams = _top_2_hparams("all")
+  hparams.moe_second_policy_eval = "none"
+  x, importance, w, got = _run_gating("all:1", "", moe._top_2_gating,
+                                      hparams, 2, train=False)
+  want, want_loss, _ = np_top_2_gating(x, w, importance, 2, "none", 0.3)
+  np.testing.assert_allclose(got["combine"], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5)
+
+
+# transformer_moe_layer_v1 against NumPy: grouping, capacity from the train
+# or eval factor, gating, the experts and the combination.
+
+def np_moe_layer_v1(x, nonpadding, gate_w, wi, wo, group_size, capacity,
+                    gating, policy):
+  """NumPy transformer_moe_layer_v1 (relu experts): (y, balance loss)."""
+  batch, length, d_model = x.shape
+  num_groups = batch * length // group_size
+  xg = x.reshape(1, num_groups, group_size, d_model)
+  imp = nonpadding.reshape(1, num_groups, group_size)
+  if gating == "top_2":
+    combine, loss, _ = np_top_2_gating(xg, gate_w, imp, capacity, policy, 0.2)
+  else:
+    combine, loss = np_switch_gating(xg, gate_w, imp, capacity)
+  weight = combine.sum(-1)  # [1, G, S, E]: each token's weight per expert
+  expert_out = np.stack([np.maximum(xg @ wi[e], 0.0) @ wo[e]
+                         for e in range(wi.shape[0])], -2)  # [1,G,S,E,M]
+  y = (weight[..., None] * expert_out).sum(-2)
+  return y.reshape(batch, length, -1), loss, combine
+
+
+@pytest.mark.parametrize("gating,policy", [
+    ("top_2", "all"), ("top_2", "threshold"), ("switch", None)])
+def test_moe_layer_v1_matches_numpy(gating, policy):
+  """32 tokens in groups of 16 for 4 experts: capacity 4 in training
+  (factor 1.0) and 8 in eval (factor 2.0); tokens past capacity are
+  dropped. The same variables serve both modes."""
+  batch, length, d_model, hidden, experts = 4, 8, 8, 6, 4
+  rng = np.random.RandomState(3)
+  # A shared component makes the router favour some experts: drops.
+  x = (rng.randn(batch, length, d_model)
+       + 0.7 * rng.randn(d_model)).astype(np.float32)
+  nonpadding = np.ones((batch, length), np.float32)
+  nonpadding[3, 5:] = 0.0
+  hparams = moe.HParams(
+      moe_gating=gating, moe_num_experts=experts, moe_loss_coef=1e-2,
+      moe_hidden_size=hidden, moe_group_size=16,
+      moe_capacity_factor_train=1.0, moe_capacity_factor_eval=2.0,
+      moe_min_expert_capacity=1, moe_use_second_place_loss=False,
+      moe_second_policy_train=policy, moe_second_policy_eval=policy,
+      moe_second_threshold_train=0.2, moe_second_threshold_eval=0.2,
+      moe_switch_policy_train="argmax", moe_switch_policy_eval="argmax")
+
+  def build(mesh):
+    dims = [mtf.Dimension("batch", batch), mtf.Dimension("length", length),
+            mtf.Dimension("d_model", d_model)]
+    xt = mtf_testing.import_array(mesh, x, dims)
+    pad = mtf_testing.import_array(mesh, nonpadding, dims[:-1])
+    outputs = {}
+    for mode, train in (("train", True), ("eval", False)):
+      with tf.compat.v1.variable_scope("moe", reuse=tf.compat.v1.AUTO_REUSE):
+        y, loss = moe.transformer_moe_layer_v1(
+            xt, dims[-1], hparams, train, mtf.VariableDType(),
+            nonpadding=pad)
+      outputs.update({f"{mode}_y": y, f"{mode}_loss": loss})
+    return outputs, None, {}
+
+  got = layer_testing.run_under("all:1", "", "function", build)
+  gate_w = got[f"moe/{gating}_gating/kernel"]
+  wi, wo = got["moe/wi/kernel"], got["moe/wo/kernel"]
+  assert gate_w.shape == (d_model, experts)
+  assert wi.shape == (experts, d_model, hidden), wi.shape
+  assert wo.shape == (experts, hidden, d_model), wo.shape
+  dropped = {}
+  for mode, capacity in (("train", 4), ("eval", 8)):
+    want, want_loss, combine = np_moe_layer_v1(
+        x, nonpadding, gate_w, wi, wo, 16, capacity, gating, policy)
+    np.testing.assert_allclose(got[f"{mode}_y"], want, rtol=1e-4, atol=1e-5,
+                               err_msg=mode)
+    np.testing.assert_allclose(got[f"{mode}_loss"], 1e-2 * want_loss,
+                               rtol=1e-5, err_msg=mode)
+    np.testing.assert_array_equal(got[f"{mode}_y"][3, 5:], 0.0)
+    assert (combine != 0).sum((-3, -1)).max() == capacity  # some expert full
+    routed = (combine != 0).sum((-2, -1)).reshape(batch, length)
+    dropped[mode] = ((routed == 0) & (nonpadding == 1)).sum()
+  # The case drops real tokens at capacity, more in training.
+  assert dropped["train"] > dropped["eval"], dropped
 
 
 @pytest.mark.parametrize("case_id,mesh_shape,layout", GATING_LAYOUTS)
@@ -208,6 +339,15 @@ MOE_LAYOUTS = (
     ("experts_on_model", "model:8", "experts:model;d_ff:model;heads:model"),
     ("2d", "batch:2;model:4",
      "batch:batch;experts:batch;expert_hidden:model;d_ff:model"),
+    # Data parallel, every processor holding every expert.
+    ("dp", "batch:8", "batch:batch"),
+    # 2-D with the experts over "model", and with d_model split over
+    # "model" for the all-to-all over "batch" (the original's
+    # d_model_split).
+    ("2d_experts_on_model", "batch:2;model:4",
+     "batch:batch;experts:model;d_ff:model"),
+    ("2d_d_model_split", "batch:2;model:4",
+     "batch:batch;experts:batch;d_model_split:model;expert_hidden:model"),
 )
 
 
@@ -256,7 +396,8 @@ def moe1d_reference():
 
 @pytest.mark.parametrize("case_id,mesh_shape,layout,mode", [
     case + ("function",) for case in MOE_LAYOUTS] + [
-        MOE_LAYOUTS[2] + ("graph",), MOE_LAYOUTS[0] + ("simd",)])
+        case + ("graph",) for case in MOE_LAYOUTS[1:5]] + [
+            MOE_LAYOUTS[0] + ("simd",)])
 def test_moe1d_same_under_layouts(moe1d_reference, case_id, mesh_shape,
                                   layout, mode):
   got = _run_moe1d(mesh_shape, layout, mode)
@@ -330,11 +471,49 @@ def _lowering_counters(mesh_shape, layout):
     return dict(lowering.counters)
 
 
-def test_experts_split_dispatch_is_all_to_all():
-  counters = _lowering_counters("batch:8", "batch:batch;experts:batch")
+# The dispatched tensor [experts=8, groups=8, capacity=2, d_model=16] in
+# float32: an all-to-all that carries it once (no replication) moves this.
+DISPATCHED_BYTES = 8 * 8 * 2 * D_MODEL * 4
+
+
+@pytest.mark.parametrize("mesh_shape,layout,experts_axis,split_d_model", [
+    ("batch:8", "batch:batch;experts:batch", "batch", False),
+    # The experts over a mesh dimension called "model" (which then also
+    # splits the tokens).
+    ("model:8", "batch:model;experts:model", "model", False),
+    # 2-D: experts over "batch"; d_model is split over "model" for the move
+    # (the original's d_model_split), so each all-to-all carries a quarter
+    # of every vector and d_model is gathered back over "model" after it.
+    ("batch:2;model:4",
+     "batch:batch;experts:batch;d_model_split:model;expert_hidden:model",
+     "batch", True),
+])
+def test_experts_split_dispatch_is_all_to_all(mesh_shape, layout,
+                                              experts_axis, split_d_model):
+  counters = _lowering_counters(mesh_shape, layout)
   # Dispatch and combine, forward and backward.
-  assert counters.get("comm/alltoall/batch/calls", 0) >= 4, counters
-  assert not [k for k in counters if k.startswith("comm/allconcat")], (
+  assert counters.get(f"comm/alltoall/{experts_axis}/calls", 0) == 4, (
+      counters)
+  assert counters[f"comm/alltoall/{experts_axis}/bytes"] == (
+      4 * DISPATCHED_BYTES), counters
+  assert not [k for k in counters
+              if k.startswith(f"comm/allconcat/{experts_axis}/")], counters
+  if not split_d_model:
+    assert not [k for k in counters if k.startswith("comm/allconcat")], (
+        counters)
+
+
+def test_experts_over_model_with_replicated_tokens_dispatch_locally():
+  """When the tokens are not split over the experts' mesh dimension there
+  is nothing to exchange: each processor slices its experts' inputs, and
+  only the experts' outputs are gathered (forward) and the gradients of
+  their inputs (backward)."""
+  counters = _lowering_counters("model:8",
+                                "experts:model;d_ff:model;heads:model")
+  assert not [k for k in counters if k.startswith("comm/alltoall")], (
+      counters)
+  assert counters.get("comm/allconcat/model/calls") == 2, counters
+  assert counters["comm/allconcat/model/bytes"] == 2 * DISPATCHED_BYTES, (
       counters)
 
 
@@ -388,14 +567,31 @@ def _moe2d_build(mesh_shape, layout):
   return build
 
 
-def test_moe2d_same_under_layouts():
-  want = layer_testing.run_under("all:1", "", "function",
+MOE2D_LAYOUTS = (
+    ("dp", "batch:2", "batch:batch;expert_x:batch"),
+    ("mp", "model:4", "outer_batch:model;expert_y:model"),
+    ("2d", MOE2D_LAYOUT[0], MOE2D_LAYOUT[1]),
+)
+
+
+@pytest.fixture(scope="module")
+def moe2d_reference():
+  return layer_testing.run_under("all:1", "", "function",
                                  _moe2d_build("all:1", ""))
-  got = layer_testing.run_under(MOE2D_LAYOUT[0], MOE2D_LAYOUT[1], "function",
-                                _moe2d_build(*MOE2D_LAYOUT))
+
+
+@pytest.mark.parametrize("case_id,mesh_shape,layout,mode", [
+    case + ("function",) for case in MOE2D_LAYOUTS] + [
+        MOE2D_LAYOUTS[2] + ("graph",)])
+def test_moe2d_same_under_layouts(moe2d_reference, case_id, mesh_shape,
+                                  layout, mode):
+  want = moe2d_reference
+  got = layer_testing.run_under(mesh_shape, layout, mode,
+                                _moe2d_build(mesh_shape, layout))
+  assert set(got) == set(want)
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5,
-                               err_msg=key)
+                               err_msg=f"{key} {case_id} {mode}")
   assert np.abs(want["y"]).max() > 0
   assert sorted(k for k in want if k.startswith("moe2d/")) == [
       "moe2d/inner_gating/kernel", "moe2d/outer_gating/kernel",
@@ -446,3 +642,34 @@ def test_moe2d_dispatch_is_all_to_all():
   assert counters.get("comm/alltoall/model/calls", 0) >= 2, counters
   assert not [k for k in counters if k.startswith("comm/allconcat")], (
       counters)
+
+
+def test_language_model_with_moe1d_overfits_a_tiny_batch():
+  """A one-block LM whose feed-forward layer is an MoE1D learns the fixed
+  batch of model_testing down to what no LM can beat (plus the balance
+  loss)."""
+  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import transformer
+  from tests.transformer import model_testing as mt
+  from tests.transformer import test_transformer_model
+  from tests.transformer import tiny_layers
+
+  def make_loss(mesh):
+    moe_layer = lambda: moe.MoE1D(  # pylint: disable=g-long-lambda
+        num_experts=4, hidden_size=32, group_size=64,
+        capacity_factor_train=2.0, second_policy_train="all",
+        min_expert_capacity=1)
+    model = transformer.Unitransformer(
+        transformer.make_layer_stack(
+            [tiny_layers.TinySelfAttention, moe_layer], num_layers=1),
+        d_model=mt.D, input_vocab_size=mt.V, output_vocab_size=mt.V,
+        autoregressive=True, max_length=mt.L, z_loss=0.0,
+        vocab_divisor=mt.VOCAB_DIVISOR, name="decoder", layout="",
+        mesh_shape="all:1")
+    return mt.lm_loss(model, mesh)
+
+  losses = mt.train_losses(
+      make_loss, "all:1", "", "function", 120,
+      lambda: mtf.optimize.AdafactorOptimizer(learning_rate=0.03))
+  floor = test_transformer_model._prefix_entropy(mt.TARGETS)
+  assert losses[-1] < floor + 0.05, (floor, losses[::10])
