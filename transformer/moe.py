@@ -27,6 +27,7 @@ transformer_moe_layer_v2 = moe_layers.transformer_moe_layer_v2
 _split_into_groups = moe_layers._split_into_groups
 _top_2_gating = moe_gating._top_2_gating
 _switch_gating = moe_gating._switch_gating
+_rand_1_gating = moe_gating._rand_1_gating
 _switch_max_gating = moe_gating._switch_max_gating
 _ntlb_gating = moe_gating._ntlb_gating
 _expert_selection_gating = moe_gating._expert_selection_gating
@@ -116,8 +117,8 @@ class MoE1D(transformer.TransformerLayer):
     second_threshold_train, second_threshold_eval: top_2: the threshold.
     dropout_rate: dropout on the experts' hidden layer.
     activation: the experts' activation, or a list (gated units).
-    moe_gating: "top_2", "switch", "switch_max", "ntlb" or
-      "expert_selection".
+    moe_gating: "top_2", "switch", "switch_max", "ntlb",
+      "expert_selection", or "rand_1" (the older name of "switch").
     min_expert_capacity: capacity is at least this.
     switch_policy_train, switch_policy_eval: switch gatings: "argmax",
       "sample", "input_dropout" or "input_jitter".

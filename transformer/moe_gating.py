@@ -368,6 +368,42 @@ def _switch_gating(inputs, outer_expert_dims, experts_dim,
   return _finish(combine_tensor, loss, inputs.dtype)
 
 
+class _Rand1HParams:
+  """hparams seen through the older names of the Switch settings.
+
+  "rand_1" was the original's first name of Switch gating; its settings were
+  `moe_rand_1_policy_*`, `moe_rand_1_dropout`, `moe_rand_1_temperature` and
+  `moe_rand_1_jitter`. Each `moe_switch_*` read falls back on the
+  `moe_rand_1_*` setting when there is one.
+  """
+
+  def __init__(self, hparams):
+    self._hparams = hparams
+
+  def __getattr__(self, name):
+    if name.startswith("moe_switch_"):
+      older = "moe_rand_1_" + name[len("moe_switch_"):]
+      if hasattr(self._hparams, older):
+        return getattr(self._hparams, older)
+    return getattr(self._hparams, name)
+
+
+def _rand_1_gating(inputs, outer_expert_dims, experts_dim,
+                   expert_capacity_dim, hparams, train, variable_dtype,
+                   importance=None, name="rand_1_gating",
+                   num_microbatches=None):
+  """The original's older name of Switch top-1 gating (`moe_gating="rand_1"`).
+
+  The same routing as `_switch_gating`, with the router variable named
+  "rand_1_gating" and the policies read from `moe_rand_1_*` when set (else
+  from `moe_switch_*`), so checkpoints and hparams of that era keep working.
+  """
+  return _switch_gating(inputs, outer_expert_dims, experts_dim,
+                        expert_capacity_dim, _Rand1HParams(hparams), train,
+                        variable_dtype, importance=importance, name=name,
+                        num_microbatches=num_microbatches)
+
+
 def _switch_max_gating(inputs, outer_expert_dims, experts_dim,
                        expert_capacity_dim, hparams, train, variable_dtype,
                        importance=None, name="switch_max_gating",

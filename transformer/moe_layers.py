@@ -74,6 +74,7 @@ def _expert_capacity(group_size, num_experts, capacity_factor,
 _GATINGS = {
     "top_2": moe_gating._top_2_gating,
     "switch": moe_gating._switch_gating,
+    "rand_1": moe_gating._rand_1_gating,
     "switch_max": moe_gating._switch_max_gating,
     "ntlb": moe_gating._ntlb_gating,
 }

@@ -305,6 +305,25 @@ def test_switch_gating_matches_numpy(case_id, mesh_shape, layout):
   assert ((want != 0).sum((-2, -1))[importance == 1] == 0).any()  # drops
 
 
+def test_rand_1_gating_is_switch_under_its_older_names():
+  """moe_gating="rand_1" (the original's first name of Switch) routes as
+  Switch, reading the moe_rand_1_* policy, with a "rand_1_gating" router."""
+  capacity = 2
+  hparams = moe.HParams(moe_rand_1_policy_train="argmax",
+                        moe_switch_policy_train="no such policy")
+  x, importance, w, got = _run_gating("all:1", "", moe._rand_1_gating,
+                                      hparams, capacity)
+  want, want_loss = np_switch_gating(x, w, importance, capacity)
+  np.testing.assert_allclose(got["combine"], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5)
+  assert any("rand_1_gating/kernel" in k for k in got), sorted(got)
+  # Without rand_1 settings, the switch ones are used.
+  _, _, _, again = _run_gating(
+      "all:1", "", moe._rand_1_gating,
+      moe.HParams(moe_switch_policy_train="argmax"), capacity)
+  np.testing.assert_allclose(again["combine"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_split_into_groups():
   assert moe._split_into_groups(64, 8, 1) == (8, 8)
   assert moe._split_into_groups(64, 8, 8) == (8, 8)
