@@ -232,8 +232,9 @@ class Unitransformer:
           mesh, self.max_length_dim, self.model_dim, context.variable_dtype,
           "positional_embedding", ensemble_dim=self.ensemble_dim)
     length_dim = context.length_dim
-    if (length_dim is not None and
-        length_dim.size > self.max_length_dim.size):
+    past_the_table = (length_dim is not None and
+                      length_dim.size > self.max_length_dim.size)
+    if past_the_table:
       message = (f"Unitransformer {self.name!r}: length {length_dim} exceeds "
                  f"the position embedding table {self.max_length_dim}.")
       if context.position_is_default:
@@ -248,7 +249,15 @@ class Unitransformer:
     # Added to x, the gathered rows broadcast over what position lacks
     # (e.g. the batch, for one decoding step's scalar position).
     del x
-    return mtf.gather(table, context.position, self.max_length_dim)
+    if not past_the_table:
+      return mtf.gather(table, context.position, self.max_length_dim)
+    # A position past the table gets a zero row on every device (a plain
+    # gather fails there on CPU/GPU and gives zeros on TPU).
+    last = self.max_length_dim.size - 1
+    rows = mtf.gather(table, mtf.minimum(context.position, last),
+                      self.max_length_dim)
+    inside = mtf.cast(mtf.less_equal(context.position, last), rows.dtype)
+    return rows * inside
 
   def loss_denominator(self, targets, num_microbatches):
     """What the summed loss is divided by: `loss_denominator` if given,

@@ -229,3 +229,34 @@ def test_overfits_a_tiny_batch(loss_fn, make_model, floor):
       lambda mesh: loss_fn(make_model(), mesh), ONE[1], ONE[2], "function",
       120, lambda: mtf.optimize.AdafactorOptimizer(learning_rate=0.03))
   assert losses[-1] < floor + 0.05, losses[::10]
+
+
+def _packed_past_the_table(mesh):
+  """A Unitransformer whose table has L/2 positions, fed packed positions
+  that reach past it: the rows it adds, and its table."""
+  model = mt.make_lm(max_length=mt.L // 2)
+  positions = np.tile(np.concatenate(
+      [np.arange(2), np.arange(mt.L - 2)]), (mt.B, 1)).astype(np.int32)
+  context = layer_testing.make_context(
+      mesh, model, mt.BATCH, mt.LENGTH, position=mt.import_ids(mesh, positions),
+      position_is_default=False)
+  with tf.compat.v1.variable_scope(model.name):
+    rows = model._position_embedding(context, mesh, None)
+  rows = mtf.transpose(rows, [mt.BATCH, mt.LENGTH, model.model_dim])
+  return {"rows": rows, "positions": context.position}, None, {}
+
+
+@pytest.mark.parametrize("case", [ONE, TWO_D], ids=lambda c: c[0])
+def test_packed_positions_past_the_table_get_zero_rows(case):
+  """Packed examples longer than max_length: positions past the table add
+  zeros (a plain gather fails on CPU), the same under every layout."""
+  got = layer_testing.run_under(case[1], case[2], "function",
+                                _packed_past_the_table)
+  table = [v for k, v in got.items() if k.endswith("positional_embedding")]
+  assert len(table) == 1, sorted(got)
+  positions = got["positions"]
+  assert positions.max() >= mt.L // 2
+  want = np.where((positions < mt.L // 2)[..., None],
+                  table[0][np.minimum(positions, mt.L // 2 - 1)], 0.0)
+  np.testing.assert_allclose(got["rows"], want, rtol=1e-6)
+  assert np.abs(got["rows"]).max() > 0
