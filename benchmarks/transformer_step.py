@@ -13,6 +13,12 @@ Cases, one JSON line each, all from one run:
              d_ff, heads and vocab on model (PlacementMeshImpl)
   mtf_2x4_simd  the same on SimdMeshImpl (one traced program per device,
              TF collectives)
+  mtf_2x4_moe  the same LM with each feed-forward layer a mixture of
+             experts (MoE1D: 8 experts of hidden 512, top-2 gating, groups
+             of 64 tokens), the experts split over the batch mesh
+             dimension (`experts:batch`): the dispatch is an all-to-all,
+             whose calls and bytes per step come from the lowering's
+             counters; compared with the dense mtf_2x4
   binary     the training binary (python -m mesh_tensorflow.transformer.main)
              on the tiny encoder-decoder of `make demo` (addition task,
              mesh batch:2;model:4, batch 64 x length 8, --binary_steps
@@ -50,7 +56,15 @@ NUM_DEVICES = 8
 VOCAB = 256
 D_MODEL, D_FF, HEADS, D_KV, LAYERS, MAX_LENGTH = 128, 512, 4, 32, 2, 512
 DROPOUT, Z_LOSS = 0.1, 1e-4
-CASES = ("keras", "mtf_1", "mtf_2x4", "mtf_2x4_simd", "original", "binary")
+CASES = ("keras", "mtf_1", "mtf_2x4", "mtf_2x4_simd", "mtf_2x4_moe",
+         "original", "binary")
+# mtf_2x4_moe: MoE1D in place of every DenseReluDense of models/tiny.gin.
+MOE_GIN = [
+    "transformer.make_layer_stack.layers = ["
+    "@mesh_tensorflow.transformer.transformer_layers.SelfAttention, "
+    "@mesh_tensorflow.transformer.moe.MoE1D]",
+    "MoE1D.num_experts = 8", "MoE1D.hidden_size = 512",
+    "MoE1D.group_size = 64"]
 # Targets from the issue: mtf_1 >= 0.9x Keras; mtf_1 >= 1.2x the original;
 # mtf_2x4 >= 0.9x mtf_1 with a first step under 5 s.
 TARGETS = {"mtf_1_vs_keras": 0.9, "mtf_1_vs_original": 1.2,
@@ -132,8 +146,13 @@ def make_keras_step(tf, keras, args):
   return step, count
 
 
-def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement"):
-  """This project's `tiny` LM (as models/tiny.gin builds it), one step."""
+def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement",
+                  gin_params=(), counters=None):
+  """This project's `tiny` LM (as models/tiny.gin builds it), one step.
+
+  `gin_params` are bound after models/tiny.gin; `counters`, a dict, gets the
+  lowering's counters (collective calls and bytes of one step) when traced.
+  """
   from mesh_tensorflow.transformer import transformer  # pylint: disable=g-import-not-at-top
   if impl == "simd":
     mesh_impl = mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, layout)
@@ -147,6 +166,7 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement"):
     # As the binary will: defaults.gin, then models/tiny.gin, float32
     # activations (CPU), the dropout rate; `utils.run` comes with issue 15.
     import gin  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.transformer import moe  # pylint: disable=g-import-not-at-top,unused-import
     from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
     gin_dir = os.path.join(os.path.dirname(transformer.__file__), "gin")
     gin.clear_config()
@@ -156,7 +176,7 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement"):
                             skip_unknown=unknown)
     gin.parse_config([
         "utils.get_variable_dtype.activation_dtype = 'float32'",
-        f"dropout_rate = {args.dropout}"], skip_unknown=unknown)
+        f"dropout_rate = {args.dropout}", *gin_params], skip_unknown=unknown)
     return utils.build_model("lm", input_vocab_size=VOCAB,
                              output_vocab_size=VOCAB, layout_rules=layout,
                              mesh_shape=mesh_shape), utils.get_variable_dtype()
@@ -179,6 +199,9 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement"):
           learning_rate=0.01).apply_grads(grads, variables)
       lowering = mtf.Lowering(graph, {mesh: mesh_impl})
       ops = [lowering.lowered_operation(u) for u in updates]
+      if counters is not None:
+        counters.clear()
+        counters.update(lowering.counters)
       with tf.control_dependencies([o for o in ops if o is not None]):
         return tf.identity(lowering.export_to_tf_tensor(loss))
 
@@ -194,6 +217,19 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement"):
     return tf.identity(loss)
 
   return step
+
+
+def communication_record(counters):
+  """Collective calls and bytes of one step (forward and backward), by
+  kind, from the lowering's counters ("comm/<kind>/<mesh axes>/...")."""
+  record = {}
+  for key, value in counters.items():
+    parts = key.split("/")
+    if parts[0] != "comm" or parts[-1] not in ("calls", "bytes"):
+      continue
+    field = f"{parts[1]}_{parts[-1]}_per_step"
+    record[field] = record.get(field, 0) + value
+  return dict(sorted(record.items()))
 
 
 def time_like_original(tf, mtf, args, tokens):
@@ -320,12 +356,17 @@ def main(argv=None):
     t_in, t_out = tf.constant(inputs), tf.constant(tokens)
     fns["keras"] = lambda: keras_step(t_in, t_out)
   two_d = ("batch:2;model:4", "batch:batch;d_ff:model;heads:model;vocab:model")
-  for case, (mesh_shape, layout), impl in (
-      ("mtf_1", ("all:1", ""), "placement"),
-      ("mtf_2x4", two_d, "placement"),
-      ("mtf_2x4_simd", two_d, "simd")):
+  moe_2d = (two_d[0], two_d[1] + ";experts:batch;expert_hidden:model")
+  counters = {}
+  for case, (mesh_shape, layout), impl, gin_params in (
+      ("mtf_1", ("all:1", ""), "placement", ()),
+      ("mtf_2x4", two_d, "placement", ()),
+      ("mtf_2x4_simd", two_d, "simd", ()),
+      ("mtf_2x4_moe", moe_2d, "placement", MOE_GIN)):
     if case in cases:
-      step = make_mtf_step(tf, mtf, args, mesh_shape, layout, impl)
+      counters[case] = {}
+      step = make_mtf_step(tf, mtf, args, mesh_shape, layout, impl,
+                           gin_params, counters[case])
       t_targets = tf.constant(tokens)
       fns[case] = (lambda s=step, t=t_targets: s(t))
   for name, fn in fns.items():
@@ -355,6 +396,12 @@ def main(argv=None):
     if name.startswith("mtf_2x4") and "mtf_1" in runs:
       record["throughput_vs_mtf_1"] = bench_util.rounded(1.0 / bench_util.paired_ratio(
           r["times_ms"], runs["mtf_1"]["times_ms"]))
+    if name == "mtf_2x4_moe" and "mtf_2x4" in runs:
+      record["throughput_vs_dense_mtf_2x4"] = bench_util.rounded(
+          1.0 / bench_util.paired_ratio(r["times_ms"],
+                                        runs["mtf_2x4"]["times_ms"]))
+    if name in counters:
+      record.update(communication_record(counters[name]))
     bench_util.emit(record)
   if "original" in cases:
     original = run_original(args)
