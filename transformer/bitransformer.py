@@ -122,14 +122,10 @@ class Bitransformer:
       decoder_sequence_id = mtf.minimum(targets, 1)
     encoder_layer_outputs = []
     shared_params = self._shared_params(inputs.mesh, variable_dtype)
-    encoder_output, encoder_loss = self.encoder.call_simple(
-        inputs, None, compute_loss, mode=mode, variable_dtype=variable_dtype,
-        sequence_id=encoder_sequence_id, position=encoder_position,
-        shared_params=shared_params, layer_outputs=encoder_layer_outputs,
-        num_microbatches=num_microbatches)
-    encoder_output = mtf.layers.rename_length_to_memory_length(encoder_output)
-    encoder_sequence_id = mtf.layers.rename_length_to_memory_length(
-        encoder_sequence_id)
+    encoder_output, encoder_sequence_id, encoder_loss = self._encode(
+        inputs, compute_loss, mode, variable_dtype, encoder_sequence_id,
+        encoder_position, shared_params, encoder_layer_outputs,
+        num_microbatches)
     logits, loss = self.decoder.call_simple(
         model_helpers.autoregressive_inputs(
             targets, sequence_id=decoder_sequence_id),
@@ -145,6 +141,22 @@ class Bitransformer:
     if loss is not None and encoder_loss is not None:
       loss += encoder_loss
     return logits, loss
+
+  def _encode(self, inputs, compute_loss, mode, variable_dtype, sequence_id,
+              position, shared_params, layer_outputs, num_microbatches=1):
+    """Runs the encoder: (its output, its sequence ids, its loss or None),
+    the first two with "memory_length" for the decoder to attend to.
+
+    Subclasses whose encoder changes the length (a funnel) override this.
+    """
+    encoder_output, encoder_loss = self.encoder.call_simple(
+        inputs, None, compute_loss, mode=mode, variable_dtype=variable_dtype,
+        sequence_id=sequence_id, position=position,
+        shared_params=shared_params, layer_outputs=layer_outputs,
+        num_microbatches=num_microbatches)
+    return (mtf.layers.rename_length_to_memory_length(encoder_output),
+            mtf.layers.rename_length_to_memory_length(sequence_id),
+            encoder_loss)
 
   @gin.configurable(module="Bitransformer")
   def decode(self,
@@ -179,19 +191,14 @@ class Bitransformer:
       an int32 Tensor [<batch_dims>, length].
 
     Raises:
-      ValueError: beam search with a nonzero temperature.
+      ValueError: beam search with a nonzero temperature or with
+        sampling_keep_top_k.
     """
     encoder_layer_outputs = []
     shared_params = self._shared_params(inputs.mesh, variable_dtype)
-    encoder_sequence_id = mtf.minimum(inputs, 1)
-    encoder_output, _ = self.encoder.call_simple(
-        inputs=inputs, targets=None, compute_loss=False,
-        mode=mode_keys.ModeKeys.PREDICT, variable_dtype=variable_dtype,
-        sequence_id=encoder_sequence_id, shared_params=shared_params,
-        layer_outputs=encoder_layer_outputs)
-    encoder_output = mtf.layers.rename_length_to_memory_length(encoder_output)
-    encoder_sequence_id = mtf.layers.rename_length_to_memory_length(
-        encoder_sequence_id)
+    encoder_output, encoder_sequence_id, _ = self._encode(
+        inputs, False, mode_keys.ModeKeys.PREDICT, variable_dtype,
+        mtf.minimum(inputs, 1), None, shared_params, encoder_layer_outputs)
     encoder_inputs = mtf.layers.rename_length_to_memory_length(inputs)
     batch_dims = inputs.shape.dims[:-1]
     length_dim = inputs.shape.dims[-1]
@@ -211,9 +218,13 @@ class Bitransformer:
           has_partial_sequences=False,
           encoder_layer_outputs=encoder_layer_outputs,
           sampling_keep_top_k=sampling_keep_top_k)
+    name = type(self).__name__
     if temperature != 0:
-      raise ValueError("Bitransformer.decode: beam search needs temperature "
-                       f"0, got {temperature}.")
+      raise ValueError(f"{name}.decode: beam search needs temperature 0, "
+                       f"got {temperature}.")
+    if sampling_keep_top_k != -1:
+      raise ValueError(f"{name}.decode: beam search needs "
+                       f"sampling_keep_top_k -1, got {sampling_keep_top_k}.")
     beam_dim = mtf.Dimension("beam", beam_size)
     partial_sequences = mtf.zeros(
         inputs.mesh, mtf.Shape(batch_dims + [beam_dim, decode_length_dim]),

@@ -17,7 +17,6 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.estimator import mode_keys
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.funnel_transformer"
@@ -237,64 +236,6 @@ class BitransformerFunnel(transformer.Bitransformer):
             mtf.layers.rename_length_to_memory_length(sequence_id),
             encoder_loss)
 
-  def call_simple(self,
-                  inputs,
-                  targets,
-                  compute_loss,
-                  mode=mode_keys.ModeKeys.TRAIN,
-                  variable_dtype=mtf.VariableDType(tf.float32),
-                  encoder_sequence_id=None,
-                  decoder_sequence_id=None,
-                  decoder_subsequence_id=None,
-                  encoder_position=None,
-                  decoder_position=None,
-                  num_microbatches=1):
-    """Logits (and loss) of the decoder given the funnel-encoded inputs.
-
-    Args:
-      inputs: an int32 Tensor [<batch_dims>, length_dim] (encoder input).
-      targets: an int32 Tensor [<batch_dims>, length_dim].
-      compute_loss: a boolean.
-      mode: "train", "eval" or "infer".
-      variable_dtype: a mtf.VariableDType.
-      encoder_sequence_id: an optional Tensor; default 1 on tokens, 0 on
-        padding of inputs.
-      decoder_sequence_id: an optional Tensor; default likewise from
-        targets.
-      decoder_subsequence_id: an optional Tensor.
-      encoder_position: an optional Tensor.
-      decoder_position: an optional Tensor.
-      num_microbatches: an integer.
-
-    Returns:
-      (logits, loss or None); the loss adds the encoder's auxiliary losses.
-    """
-    if encoder_sequence_id is None:
-      encoder_sequence_id = mtf.minimum(inputs, 1)
-    if decoder_sequence_id is None:
-      decoder_sequence_id = mtf.minimum(targets, 1)
-    encoder_layer_outputs = []
-    shared_params = self._shared_params(inputs.mesh, variable_dtype)
-    encoder_output, encoder_sequence_id, encoder_loss = self._encode(
-        inputs, compute_loss, mode, variable_dtype, encoder_sequence_id,
-        encoder_position, shared_params, encoder_layer_outputs,
-        num_microbatches)
-    logits, loss = self.decoder.call_simple(
-        transformer.autoregressive_inputs(
-            targets, sequence_id=decoder_sequence_id),
-        targets, compute_loss, mode=mode, variable_dtype=variable_dtype,
-        sequence_id=decoder_sequence_id,
-        subsequence_id=decoder_subsequence_id,
-        encoder_output=encoder_output,
-        encoder_sequence_id=encoder_sequence_id,
-        encoder_inputs=mtf.layers.rename_length_to_memory_length(inputs),
-        position=decoder_position, shared_params=shared_params,
-        encoder_layer_outputs=encoder_layer_outputs,
-        num_microbatches=num_microbatches)
-    if loss is not None and encoder_loss is not None:
-      loss += encoder_loss
-    return logits, loss
-
   @gin.configurable(module="BitransformerFunnel")
   def decode(self,
              inputs,
@@ -307,50 +248,12 @@ class BitransformerFunnel(transformer.Bitransformer):
              decode_length_constant=10,
              max_decode_length=None):
     """Decodes the targets of `inputs` (see Bitransformer.decode), the
-    decoder attending to the pooled encoder output."""
-    encoder_layer_outputs = []
-    shared_params = self._shared_params(inputs.mesh, variable_dtype)
-    encoder_output, encoder_sequence_id, _ = self._encode(
-        inputs, False, mode_keys.ModeKeys.PREDICT, variable_dtype,
-        mtf.minimum(inputs, 1), None, shared_params, encoder_layer_outputs)
-    encoder_inputs = mtf.layers.rename_length_to_memory_length(inputs)
-    batch_dims = inputs.shape.dims[:-1]
-    length_dim = inputs.shape.dims[-1]
-    decode_length_dim = (length_dim if max_decode_length is None
-                         else mtf.Dimension("length", max_decode_length))
-    if beam_size == 1:
-      partial_sequences = mtf.zeros(
-          inputs.mesh, mtf.Shape(batch_dims + [decode_length_dim]),
-          dtype=tf.int32)
-      return self.decoder.sample_autoregressive(
-          partial_sequences, temperature=temperature,
-          variable_dtype=variable_dtype, encoder_output=encoder_output,
-          encoder_sequence_id=encoder_sequence_id,
-          encoder_inputs=encoder_inputs, shared_params=shared_params,
-          has_partial_sequences=False,
-          encoder_layer_outputs=encoder_layer_outputs,
-          sampling_keep_top_k=sampling_keep_top_k)
-    if temperature != 0:
-      raise ValueError("BitransformerFunnel.decode: beam search needs "
-                       f"temperature 0, got {temperature}.")
-    if sampling_keep_top_k != -1:
-      raise ValueError("BitransformerFunnel.decode: beam search needs "
-                       f"sampling_keep_top_k -1, got {sampling_keep_top_k}.")
-    beam_dim = mtf.Dimension("beam", beam_size)
-    partial_sequences = mtf.zeros(
-        inputs.mesh, mtf.Shape(batch_dims + [beam_dim, decode_length_dim]),
-        dtype=tf.int32)
-    input_length = mtf.reduce_sum(
-        mtf.to_float(mtf.not_equal(inputs, 0)), reduced_dim=length_dim)
-    decode_length = mtf.cast(
-        mtf.reduce_max(input_length) * decode_length_multiplier
-        + decode_length_constant, tf.int32)
-    if max_decode_length is not None:
-      decode_length = mtf.minimum(decode_length, max_decode_length)
-    return self.decoder.beam_search(
-        partial_sequences, decode_length, variable_dtype=variable_dtype,
-        encoder_output=encoder_output,
-        encoder_sequence_id=encoder_sequence_id,
-        encoder_inputs=encoder_inputs, alpha=alpha,
-        shared_params=shared_params,
-        encoder_layer_outputs=encoder_layer_outputs)
+    decoder attending to the pooled encoder output. Configured in gin as
+    `BitransformerFunnel.decode`, as in the original."""
+    return super().decode(
+        inputs, variable_dtype=variable_dtype, beam_size=beam_size,
+        alpha=alpha, temperature=temperature,
+        sampling_keep_top_k=sampling_keep_top_k,
+        decode_length_multiplier=decode_length_multiplier,
+        decode_length_constant=decode_length_constant,
+        max_decode_length=max_decode_length)

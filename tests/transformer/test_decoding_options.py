@@ -105,3 +105,15 @@ def test_sampling_keep_top_k_must_be_positive():
   with pytest.raises(ValueError, match="not autoregressive"):
     mt.make_bitransformer().encoder.sample_autoregressive(
         mtf.zeros(mesh, [mt.BATCH, mt.LENGTH], tf.int32))
+
+
+@pytest.mark.parametrize("setting", [{"temperature": 0.5},
+                                     {"sampling_keep_top_k": 3}])
+def test_beam_search_refuses_sampling_settings(setting):
+  """Bitransformer.decode with beam_size > 1 names the sampling setting it
+  cannot honour, instead of ignoring it."""
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  inputs = mtf.zeros(mesh, [mt.BATCH, mt.LENGTH], tf.int32)
+  name = next(iter(setting))
+  with pytest.raises(ValueError, match=f"Bitransformer.decode: .*{name}"):
+    mt.make_bitransformer().decode(inputs, beam_size=2, **setting)
