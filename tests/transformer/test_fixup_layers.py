@@ -1,12 +1,10 @@
 """Fixup layers: initial scales against NumPy, layouts, a gin-built model."""
 
-import gin
 import numpy as np
 import pytest
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import fixup_layers
-from mesh_tensorflow.transformer import transformer
 from tests import mtf_testing
 from tests.transformer import layer_testing
 from tests.transformer import model_testing as mt
@@ -185,24 +183,7 @@ transformer.LayerStack.sublayers_final = [@fixup_layers.sublayer_fixup_shift]
 
 
 def test_gin_built_fixup_model_trains():
-  with gin.unlock_config():
-    gin.clear_config()
-    gin.parse_config(GIN_CONFIG)
-    try:
-      stack = transformer.make_layer_stack()
-    finally:
-      gin.clear_config()
+  stack = mt.stack_from_gin(GIN_CONFIG)
   assert [type(l).__name__ for l in stack.layers] == [
       "SelfAttentionFixup", "DenseReluDenseFixup"] * 2
-
-  def make_loss(mesh):
-    model = transformer.Unitransformer(
-        stack, d_model=mt.D, input_vocab_size=mt.V, output_vocab_size=mt.V,
-        autoregressive=True, max_length=mt.L,
-        vocab_divisor=mt.VOCAB_DIVISOR, name="decoder")
-    return mt.lm_loss(model, mesh)
-
-  losses = mt.train_losses(
-      make_loss, "all:1", "", "function", 6,
-      lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
-  assert losses[-1] < losses[0] - 0.3, losses
+  mt.assert_lm_on_stack_trains(stack)

@@ -1,6 +1,5 @@
 """UTLayerStack: recurrence and ACT halting against NumPy, layouts, gin."""
 
-import gin
 import numpy as np
 import pytest
 
@@ -228,24 +227,7 @@ UTLayerStack.gating_type = "highway"
 
 
 def test_gin_built_universal_transformer_trains():
-  with gin.unlock_config():
-    gin.clear_config()
-    gin.parse_config(GIN_CONFIG)
-    try:
-      stack = transformer.make_layer_stack()
-    finally:
-      gin.clear_config()
+  stack = mt.stack_from_gin(GIN_CONFIG)
   assert isinstance(stack, universal_transformer.UTLayerStack)
   assert stack.num_layers == 2
-
-  def make_loss(mesh):
-    model = transformer.Unitransformer(
-        stack, d_model=mt.D, input_vocab_size=mt.V, output_vocab_size=mt.V,
-        autoregressive=True, max_length=mt.L,
-        vocab_divisor=mt.VOCAB_DIVISOR, name="decoder")
-    return mt.lm_loss(model, mesh)
-
-  losses = mt.train_losses(
-      make_loss, "all:1", "", "function", 6,
-      lambda: mtf.optimize.AdamWeightDecayOptimizer(learning_rate=0.01))
-  assert losses[-1] < losses[0] - 0.3, losses
+  mt.assert_lm_on_stack_trains(stack)
