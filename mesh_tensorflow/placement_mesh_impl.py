@@ -264,10 +264,16 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       return x
     self._count_collective("alltoall", [mesh_axis], x)
     out = [None] * self.size
+    exchanged = {}  # Groups holding the same (shared) slices: done once.
     for group in self.processor_groups([mesh_axis]):
-      ys = alltoall_pointtwise([x.tensor_list[p] for p in group],
-                               [self._devices[p] for p in group],
-                               split_axis, concat_axis)
+      key = tuple(id(x.tensor_list[p]) for p in group)
+      if self._share_replicas and key in exchanged:
+        ys = exchanged[key]
+      else:
+        ys = alltoall_pointtwise([x.tensor_list[p] for p in group],
+                                 [self._devices[p] for p in group],
+                                 split_axis, concat_axis)
+        exchanged[key] = ys
       for p, y in zip(group, ys):
         out[p] = y
     return LaidOutTensor(out)

@@ -256,13 +256,21 @@ def test_shared_replicas_are_computed_once(share):
   x = impl.allconcat(_laid_out(impl, _slices()), 1, 0)
   y = impl.slicewise(lambda s: s * 2.0, x)
   total = impl.allreduce(y, [0], "SUM")  # Rows hold different values.
+  # Over rows, each column's group exchanges the same two row slices.
+  swapped = impl.alltoall(y, 0, split_axis=0, concat_axis=1)
   distinct = lambda t: len({id(s) for s in t.tensor_list})
-  assert (distinct(x), distinct(y), distinct(total)) == (
-      (2, 2, 1) if share else (8, 8, 8))
-  expected = 2.0 * (np.concatenate(_slices()[0:4]) +
-                    np.concatenate(_slices()[4:8]))
+  assert (distinct(x), distinct(y), distinct(total), distinct(swapped)) == (
+      (2, 2, 1, 2) if share else (8, 8, 8, 8))
+  rows = [2.0 * np.concatenate(_slices()[0:4]),
+          2.0 * np.concatenate(_slices()[4:8])]
   for s in total.tensor_list:
-    np.testing.assert_allclose(np.asarray(s), expected)
+    np.testing.assert_allclose(np.asarray(s), rows[0] + rows[1])
+  half = rows[0].shape[0] // 2
+  for pnum, s in enumerate(swapped.tensor_list):
+    r = pnum // 4
+    np.testing.assert_allclose(np.asarray(s), np.concatenate(
+        [rows[0][r * half:(r + 1) * half],
+         rows[1][r * half:(r + 1) * half]], axis=1))
 
 
 @pytest.mark.parametrize("dims", [[("a", 4), ("b", 6)], [("a", 1024),
