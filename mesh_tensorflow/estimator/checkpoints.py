@@ -38,6 +38,7 @@ import re
 
 from absl import logging
 import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import simd_mesh_impl
@@ -281,7 +282,9 @@ class Checkpointer:
     kept = [p for p in kept if p != name] + [name]
     dropped = kept[:-self._max_to_keep] if self._max_to_keep else []
     kept = kept[len(dropped):]
-    tf.compat.v1.train.update_checkpoint_state(
+    # The function behind tf.compat.v1.train.update_checkpoint_state,
+    # without its deprecation warning on every save.
+    checkpoint_management.update_checkpoint_state_internal(
         self._model_dir, name, all_model_checkpoint_paths=kept)
     for old in dropped:
       old_prefix = os.path.join(self._model_dir, old)
