@@ -11,12 +11,16 @@ Every machine runs one task. The chief runs the program; the others serve:
                                   num_cpus=4)
     mesh_impl = cluster.placement_mesh_impl("b:2;m:4", "batch:b;hidden:m")
 
+A binary run with the same flags on every task calls `start`: the chief gets
+the connected Cluster, the other tasks serve.
+
 `ClusterSpec` parses the tasks (TF_CONFIG or flags), `Cluster` connects and
 names every task's devices (task by task, chief first), `serve` is what
 the other tasks run, and `Cluster.failures()` turns a dead task's
 TensorFlow error into a `ClusterError` naming it.
 """
 
+from mesh_tensorflow.cluster.launch import start
 from mesh_tensorflow.cluster.runtime import Cluster
 from mesh_tensorflow.cluster.runtime import ClusterError
 from mesh_tensorflow.cluster.runtime import configure_local_cpus

@@ -23,6 +23,15 @@ Facts of TensorFlow 2.21 this module works around:
   given to its server; those of the chief from
   `tf.config.set_logical_device_configuration`, which must run before
   TensorFlow's runtime starts.
+- Collective ops (SimdMeshImpl's) between tasks need a collective group
+  leader named in every server's config
+  (`experimental.collective_group_leader`) and in the chief's
+  (`configure_collective_ops` before connecting); then they work between
+  the serving tasks, whose devices the chief drives remotely. Collectives
+  that include the chief's own (in-process server's) devices do not: they
+  fail with "unknown device" or time out waiting for the other workers. So
+  `simd_mesh_impl` runs on the serving tasks only, the first of which leads
+  the groups, and the chief is the client.
 """
 
 import contextlib
@@ -34,6 +43,7 @@ import time
 
 from absl import logging
 import tensorflow as tf
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow.cluster import spec as spec_lib
 
@@ -55,12 +65,22 @@ class ClusterError(RuntimeError):
     self.task = task
 
 
-def server_config(num_cpus=None):
+def collective_leader(cluster_spec):
+  """The task that leads collective groups: the first serving task (the
+  chief when it is alone)."""
+  tasks = cluster_spec.tasks
+  task = tasks[1] if len(tasks) > 1 else tasks[0]
+  return f"/job:{task.job}/replica:0/task:{task.index}"
+
+
+def server_config(num_cpus=None, leader=None):
   """The ConfigProto of a serving task: `num_cpus` logical CPUs (None: TF's
-  default, one)."""
+  default, one) and the collective group leader `leader`."""
   config = tf.compat.v1.ConfigProto()
   if num_cpus:
     config.device_count["CPU"] = int(num_cpus)
+  if leader:
+    config.experimental.collective_group_leader = leader
   return config
 
 
@@ -68,7 +88,8 @@ def start_server(cluster_spec, num_cpus=None):
   """Starts this task's `tf.distribute.Server` (for tasks that only serve)."""
   return tf.distribute.Server(
       cluster_spec.as_cluster_def(), job_name=cluster_spec.job_name,
-      task_index=cluster_spec.task_index, config=server_config(num_cpus),
+      task_index=cluster_spec.task_index,
+      config=server_config(num_cpus, collective_leader(cluster_spec)),
       start=True)
 
 
@@ -170,6 +191,13 @@ class Cluster:
       configure_local_cpus(self._num_cpus)
     own = self._spec.task
     wait_for_tasks([t for t in self._spec.tasks if t != own], startup_timeout)
+    try:
+      context.context().configure_collective_ops(
+          collective_leader=collective_leader(self._spec))
+    except (RuntimeError, ValueError) as e:
+      logging.warning("Collective ops cannot be configured any more (%s): "
+                      "SimdMeshImpl will not run across tasks. Connect "
+                      "before running any TensorFlow op.", e)
     tf.config.experimental_connect_to_cluster(
         self._spec.as_cluster_def(), job_name=own.job, task_index=own.index)
     self._connected = True
@@ -192,7 +220,7 @@ class Cluster:
     names = found["GPU"] or found["CPU"]
     return sorted(names, key=lambda n: int(n.rsplit(":", 1)[1]))
 
-  def devices(self, num_processors=None):
+  def devices(self, num_processors=None, include_chief=True):
     """Device names for a mesh, in pnum order: task by task (chief first),
     within a task by index.
 
@@ -205,11 +233,15 @@ class Cluster:
         evenly over the tasks, each task gives its first
         num_processors / num_tasks devices; otherwise the first ones in
         order are used.
+      include_chief: False leaves out the chief's devices (for SIMD).
 
     Raises:
       ClusterError: the cluster has fewer devices than `num_processors`.
     """
-    per_task = [self.task_devices(t) for t in self._spec.tasks]
+    tasks = self._spec.tasks if include_chief else self._spec.tasks[1:]
+    if not tasks:
+      raise ClusterError("The cluster has no task besides the chief.")
+    per_task = [self.task_devices(t) for t in tasks]
     every = [d for names in per_task for d in names]
     if num_processors is None:
       return every
@@ -220,7 +252,7 @@ class Cluster:
       return [d for names in per_task for d in names[:share]]
     if len(every) < num_processors:
       counts = ", ".join(f"{t.name}: {len(n)}"
-                         for t, n in zip(self._spec.tasks, per_task))
+                         for t, n in zip(tasks, per_task))
       raise ClusterError(
           f"The mesh needs {num_processors} devices but the cluster has "
           f"{len(every)} ({counts}); start the tasks with more CPUs "
@@ -234,6 +266,22 @@ class Cluster:
     size = shape_lib.convert_to_shape(shape).size
     return placement_mesh_impl.PlacementMeshImpl(
         shape, layout, devices=self.devices(size), **kwargs)
+
+  def simd_mesh_impl(self, shape, layout, **kwargs):
+    """A SimdMeshImpl (TF collective ops) on the serving tasks' devices.
+
+    The chief's devices are left out (see the module docstring): a cluster
+    of a chief and two serving tasks runs the SPMD program on the devices
+    of the two. `kwargs` go to SimdMeshImpl (e.g.
+    collective_timeout_seconds, so that a dead task fails a collective
+    instead of leaving it waiting).
+    """
+    from mesh_tensorflow import shape as shape_lib  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow import simd_mesh_impl  # pylint: disable=g-import-not-at-top
+    size = shape_lib.convert_to_shape(shape).size
+    return simd_mesh_impl.SimdMeshImpl(
+        shape, layout, devices=self.devices(size, include_chief=False),
+        **kwargs)
 
   @contextlib.contextmanager
   def failures(self):

@@ -7,9 +7,11 @@ kills whatever is still running when the test ends.
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -48,6 +50,8 @@ class LocalCluster:
     self.worker_hosts = ",".join(self.hosts)
     self._processes = []
     self.servers = {}
+    self._outputs = {}
+    self._log_dir = tempfile.mkdtemp(prefix="mtf_cluster_")
 
   def __enter__(self):
     return self
@@ -72,25 +76,47 @@ class LocalCluster:
       self.start_server(task_index)
 
   def start_chief(self, module, *args):
-    """Starts `python -m module WORKER_HOSTS *args` (stdout piped)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", module, self.worker_hosts] +
-        [str(a) for a in args], cwd=REPO, env=_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Starts `python -m module WORKER_HOSTS *args`."""
+    return self.start_process([sys.executable, "-m", module,
+                               self.worker_hosts] + [str(a) for a in args])
+
+  def start_process(self, command):
+    """Starts `command` (killed on close); its output goes to temporary
+    files (a pipe could fill up and block it)."""
+    paths = tuple(os.path.join(self._log_dir, f"{len(self._processes)}.{k}")
+                  for k in ("out", "err"))
+    with open(paths[0], "w") as out, open(paths[1], "w") as err:
+      process = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=out,
+                                 stderr=err)
     self._processes.append(process)
+    self._outputs[process] = paths
     return process
+
+  def wait(self, process, timeout=CHIEF_TIMEOUT):
+    """Waits for a chief to end: (returncode, stdout, stderr). Kills it
+    and fails if it runs longer than `timeout` seconds."""
+    try:
+      process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
+      out, err = self.output(process)
+      raise AssertionError(f"chief {process.args} did not finish in "
+                           f"{timeout} s:\n{out[-2000:]}\n{err[-3000:]}"
+                           ) from None
+    return (process.returncode,) + self.output(process)
+
+  def output(self, process):
+    """(stdout, stderr) a chief has written so far."""
+    texts = []
+    for path in self._outputs[process]:
+      with open(path) as f:
+        texts.append(f.read())
+    return tuple(texts)
 
   def run_chief(self, module, *args, timeout=CHIEF_TIMEOUT):
     """Runs a chief to its end: (returncode, stdout, stderr)."""
-    process = self.start_chief(module, *args)
-    try:
-      out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      process.kill()
-      out, err = process.communicate()
-      raise AssertionError(f"chief {module} {args} did not finish in "
-                           f"{timeout} s:\n{out[-2000:]}\n{err[-3000:]}")
-    return process.returncode, out, err
+    return self.wait(self.start_chief(module, *args), timeout)
 
   def kill(self, process):
     if process.poll() is None:
@@ -103,9 +129,10 @@ class LocalCluster:
         process.kill()
     for process in self._processes:
       try:
-        process.communicate(timeout=30)
-      except (subprocess.TimeoutExpired, ValueError):
+        process.wait(timeout=30)
+      except subprocess.TimeoutExpired:
         pass
+    shutil.rmtree(self._log_dir, ignore_errors=True)
 
 
 def losses(stdout):

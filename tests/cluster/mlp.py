@@ -63,10 +63,11 @@ class LossRecorder:
       print(f"step {step} loss {loss!r}", flush=True)
 
 
-def make_estimator(model_dir, devices=None, save_checkpoints_steps=5):
+def make_estimator(model_dir, devices=None, save_checkpoints_steps=5,
+                   mesh_impl="placement"):
   config = estimator.RunConfig(
       model_dir=str(model_dir), mesh_shape=MESH_SHAPE, layout=LAYOUT,
-      devices=devices, tf_random_seed=1,
+      mesh_impl=mesh_impl, devices=devices, tf_random_seed=1,
       save_checkpoints_steps=save_checkpoints_steps, keep_checkpoint_max=100,
       log_step_count_steps=1000, save_summary_steps=1000)
   return estimator.Estimator(model_fn, config=config)
