@@ -115,13 +115,20 @@ def serve(cluster_spec, num_cpus=None, serve_seconds=None):
 def configure_local_cpus(num_cpus):
   """Splits this process's CPU into `num_cpus` logical devices (before
   TensorFlow's runtime starts; afterwards it checks there are enough)."""
+  _split_cpu(num_cpus)
+  _check_cpus(len(tf.config.list_logical_devices("CPU")), num_cpus)
+
+
+def _split_cpu(num_cpus):
   cpu = tf.config.list_physical_devices("CPU")[0]
   try:
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * int(num_cpus))
   except RuntimeError:
-    pass  # Already started; the check below says whether that is enough.
-  have = len(tf.config.list_logical_devices("CPU"))
+    pass  # Already started; _check_cpus says whether that is enough.
+
+
+def _check_cpus(have, num_cpus):
   if have < num_cpus:
     raise ClusterError(
         f"The chief needs {num_cpus} logical CPUs but TensorFlow's runtime "
@@ -187,8 +194,10 @@ class Cluster:
       ClusterError: a task did not answer within `startup_timeout` seconds
         (the message names its address).
     """
+    # Both configure TensorFlow's runtime before it starts; nothing here
+    # may start it before experimental_connect_to_cluster.
     if self._num_cpus:
-      configure_local_cpus(self._num_cpus)
+      _split_cpu(self._num_cpus)
     own = self._spec.task
     wait_for_tasks([t for t in self._spec.tasks if t != own], startup_timeout)
     try:
@@ -201,6 +210,8 @@ class Cluster:
     tf.config.experimental_connect_to_cluster(
         self._spec.as_cluster_def(), job_name=own.job, task_index=own.index)
     self._connected = True
+    if self._num_cpus:
+      _check_cpus(len(self._devices_of(own, "CPU")), self._num_cpus)
     logging.info("Connected to cluster %s as %s", self._spec.jobs, own.name)
     return self
 
@@ -212,12 +223,13 @@ class Cluster:
     """The devices of one task, GPUs if it has any, else its CPUs, by
     index."""
     self._require_connected()
+    return self._devices_of(task, "GPU") or self._devices_of(task, "CPU")
+
+  @staticmethod
+  def _devices_of(task, device_type):
     prefix = f"/job:{task.job}/replica:0/task:{task.index}/"
-    found = {"GPU": [], "CPU": []}
-    for device in tf.config.list_logical_devices():
-      if device.name.startswith(prefix) and device.device_type in found:
-        found[device.device_type].append(device.name)
-    names = found["GPU"] or found["CPU"]
+    names = [d.name for d in tf.config.list_logical_devices(device_type)
+             if d.name.startswith(prefix)]
     return sorted(names, key=lambda n: int(n.rsplit(":", 1)[1]))
 
   def devices(self, num_processors=None, include_chief=True):
