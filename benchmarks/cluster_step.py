@@ -111,7 +111,7 @@ def main(argv=None):
     rng = np.random.RandomState(0)
     inputs = rng.randn(args.batch, args.io).astype(np.float32)
     targets = np.tanh(inputs @ rng.randn(args.io, args.io).astype(
-        np.float32) / np.sqrt(args.io))
+        np.float32) / np.sqrt(args.io)).astype(np.float32)
     fns = {name: _trainer(mtf, tf, impl, args, inputs, targets)
            for name, impl in impls.items()}
     with cluster.failures():
