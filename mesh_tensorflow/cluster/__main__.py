@@ -32,7 +32,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args = parse_args(argv)
-  # Imported here so that --help works without TensorFlow starting.
+  # Imported after parsing, so that bad flags fail before TF loads servers.
   from mesh_tensorflow.cluster import runtime  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.cluster import spec  # pylint: disable=g-import-not-at-top
   if args.worker_hosts:

@@ -5,6 +5,7 @@ SERVE_SECONDS; chiefs are killed at their timeout) and `LocalCluster`
 kills whatever is still running when the test ends.
 """
 
+import json
 import os
 import re
 import shutil
@@ -59,14 +60,23 @@ class LocalCluster:
   def __exit__(self, *unused):
     self.close()
 
-  def start_server(self, task_index):
-    """Starts task `task_index` serving (exits by itself later)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mesh_tensorflow.cluster",
-         f"--worker_hosts={self.worker_hosts}", f"--task_index={task_index}",
-         f"--num_cpus={CPUS_PER_TASK}", f"--serve_seconds={SERVE_SECONDS}"],
-        cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+  def start_server(self, task_index, tf_config=False):
+    """Starts task `task_index` serving (exits by itself later); with
+    `tf_config` the cluster is given through TF_CONFIG, not flags."""
+    command = [sys.executable, "-m", "mesh_tensorflow.cluster",
+               f"--num_cpus={CPUS_PER_TASK}",
+               f"--serve_seconds={SERVE_SECONDS}"]
+    env = _env()
+    if tf_config:
+      env["TF_CONFIG"] = json.dumps({
+          "cluster": {"worker": self.hosts},
+          "task": {"type": "worker", "index": task_index}})
+    else:
+      command += [f"--worker_hosts={self.worker_hosts}",
+                  f"--task_index={task_index}"]
+    process = subprocess.Popen(command, cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     self._processes.append(process)
     self.servers[task_index] = process
     return process

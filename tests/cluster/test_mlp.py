@@ -1,6 +1,6 @@
 """The README's MLP trained across a 2-task cluster (4 CPUs each) matches
 one process on 8 logical CPUs, step by step, and checkpoints move both
-ways between the two."""
+ways between the two. The serving task reads its cluster from TF_CONFIG."""
 
 import shutil
 
@@ -31,7 +31,7 @@ def test_cluster_matches_one_process_and_checkpoints_move_both_ways(
 
   cluster_dir = tmp_path / "cluster"
   with cluster_testing.LocalCluster(2) as cluster:
-    cluster.start_servers()
+    cluster.start_server(1, tf_config=True)
     # From scratch on the cluster: the same losses.
     rc, out, err = cluster.run_chief("tests.cluster.mlp_chief", cluster_dir,
                                      STEPS)
