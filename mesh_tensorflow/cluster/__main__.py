@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def parse_args(argv=None):
+def _parser():
   parser = argparse.ArgumentParser(
       prog="python -m mesh_tensorflow.cluster",
       description="Serve one task of a TensorFlow cluster.")
@@ -27,19 +27,23 @@ def parse_args(argv=None):
                       help="logical CPU devices of this task")
   parser.add_argument("--serve_seconds", type=float, default=None,
                       help="exit after this many seconds (default: never)")
-  return parser.parse_args(argv)
+  return parser
 
 
 def main(argv=None):
-  args = parse_args(argv)
+  parser = _parser()
+  args = parser.parse_args(argv)
   # Imported after parsing, so that bad flags fail before TF loads servers.
   from mesh_tensorflow.cluster import runtime  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.cluster import spec  # pylint: disable=g-import-not-at-top
-  if args.worker_hosts:
-    cluster_spec = spec.ClusterSpec.from_worker_hosts(args.worker_hosts,
-                                                      args.task_index)
-  else:
-    cluster_spec = spec.ClusterSpec.from_tf_config()
+  try:
+    if args.worker_hosts:
+      cluster_spec = spec.ClusterSpec.from_worker_hosts(args.worker_hosts,
+                                                        args.task_index)
+    else:
+      cluster_spec = spec.ClusterSpec.from_tf_config()
+  except spec.ClusterSpecError as e:
+    parser.error(str(e))  # exits with status 2
   runtime.serve(cluster_spec, args.num_cpus, args.serve_seconds)
 
 

@@ -82,3 +82,12 @@ def test_unreachable_task_at_start_up_is_named_within_the_timeout():
     cluster.connect(f"localhost:1,localhost:{port}", task_index=0,
                     startup_timeout=0.5)
   assert info.value.task == cluster.Task("worker", 1, f"localhost:{port}")
+
+
+def test_server_entry_point_rejects_a_bad_spec(capsys):
+  from mesh_tensorflow.cluster import __main__ as entry  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as info:
+    entry.main(["--worker_hosts=a:1,b", "--task_index=1"])
+  assert info.value.code == 2
+  assert "Address 'b' of job 'worker' is not host:port" in (
+      capsys.readouterr().err)
