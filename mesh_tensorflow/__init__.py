@@ -8,6 +8,7 @@ implementation, and run the resulting TensorFlow ops.
 
 from mesh_tensorflow import autograph_rules
 from mesh_tensorflow import checkpointing
+from mesh_tensorflow import cluster
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl
 from mesh_tensorflow import placement_mesh_impl

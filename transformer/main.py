@@ -15,8 +15,13 @@ mesh has processors. Bad input (a missing gin file, an unknown gin
 parameter, a mesh that does not divide a dimension, an unreadable
 checkpoint) ends with a one-paragraph message and exit status 1;
 --show_traceback shows the Python traceback too.
+
+On several machines run the same command on each, with --worker_hosts
+(every task's host:port) and its own --task_index: task 0 trains on the
+devices of all tasks, the others serve theirs (see mesh_tensorflow.cluster).
 """
 
+import contextlib
 import importlib
 import os
 import re
@@ -42,6 +47,11 @@ flags.DEFINE_multi_string("module_import", None, "Modules to import first "
                           "configurables).")
 flags.DEFINE_boolean("show_traceback", False, "On an error, also print the "
                      "Python traceback.")
+flags.DEFINE_string("worker_hosts", None, "Comma-separated host:port of "
+                    "every task of a TensorFlow cluster to train on "
+                    "(default: this process alone).")
+flags.DEFINE_integer("task_index", 0, "This task's index in --worker_hosts: "
+                     "0 trains, the others serve their devices.")
 flags.DEFINE_boolean("progress", True, "Show a progress line while "
                      "training.")
 FLAGS = flags.FLAGS
@@ -108,6 +118,28 @@ def _split_cpu_early():
     run_devices.ensure_local_devices(size)
 
 
+def _is_serving_task():
+  if not FLAGS.worker_hosts:
+    return False
+  from mesh_tensorflow import cluster  # pylint: disable=g-import-not-at-top
+  return not cluster.ClusterSpec.from_worker_hosts(
+      FLAGS.worker_hosts, FLAGS.task_index).is_chief
+
+
+def _start_cluster():
+  """With --worker_hosts: the chief's connected Cluster (other tasks serve
+  here and never return); else None."""
+  if not FLAGS.worker_hosts:
+    return None
+  from mesh_tensorflow import cluster  # pylint: disable=g-import-not-at-top
+  size = _mesh_size()
+  if size is None:
+    raise ValueError("--worker_hosts needs utils.run.mesh_shape given as a "
+                     "string in gin, e.g. 'batch:2;model:4'.")
+  return cluster.start(FLAGS.worker_hosts, FLAGS.task_index,
+                       num_processors=size)
+
+
 def error_message(exc):
   """One paragraph saying what went wrong, without TF/gin call stacks."""
   text = str(exc).strip() or type(exc).__name__
@@ -133,16 +165,23 @@ def main(_):
     raise app.UsageError(f"Unexpected arguments: {_[1:]}")
   for module in FLAGS.module_import or ():
     importlib.import_module(module)
-  _write_command(FLAGS.model_dir)
+  if not _is_serving_task():
+    _write_command(FLAGS.model_dir)
   utils.parse_gin_defaults_and_flags()
-  _split_cpu_early()
+  cluster = _start_cluster()
+  run_args = {}
+  if cluster is None:
+    _split_cpu_early()
+  else:
+    run_args["mesh_devices"] = cluster.devices(_mesh_size())
   hooks = []
   if FLAGS.progress:
     from mesh_tensorflow.transformer import progress  # pylint: disable=g-import-not-at-top
     hooks.append(progress.ProgressDisplay())
-  return utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu,
-                   gcp_project=FLAGS.gcp_project, tpu_zone=FLAGS.tpu_zone,
-                   model_dir=FLAGS.model_dir, train_hooks=hooks)
+  with cluster.failures() if cluster else contextlib.nullcontext():
+    return utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu,
+                     gcp_project=FLAGS.gcp_project, tpu_zone=FLAGS.tpu_zone,
+                     model_dir=FLAGS.model_dir, train_hooks=hooks, **run_args)
 
 
 def main_with_errors(argv):
@@ -153,7 +192,9 @@ def main_with_errors(argv):
     raise
   except Exception as exc:  # pylint: disable=broad-except
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    if not isinstance(exc, _INPUT_ERRORS + (tf.errors.OpError,)):
+    from mesh_tensorflow import cluster  # pylint: disable=g-import-not-at-top
+    if not isinstance(exc, _INPUT_ERRORS + (tf.errors.OpError,
+                                            cluster.ClusterError)):
       raise
     if FLAGS.show_traceback:
       logging.exception("Failed:")

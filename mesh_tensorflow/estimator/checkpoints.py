@@ -285,13 +285,23 @@ class Checkpointer:
     # The function behind tf.compat.v1.train.update_checkpoint_state,
     # without its deprecation warning on every save.
     checkpoint_management.update_checkpoint_state_internal(
-        self._model_dir, name, all_model_checkpoint_paths=kept)
+        _state_dir(self._model_dir), name, all_model_checkpoint_paths=kept)
     for old in dropped:
       old_prefix = os.path.join(self._model_dir, old)
       for old_file in tf.io.gfile.glob(old_prefix + ".*"):
         tf.io.gfile.remove(old_file)
     logging.info("Saved checkpoint for step %d: %s", step, path)
     return path
+
+
+def _state_dir(model_dir):
+  """model_dir made absolute if it is a relative local path: given a
+  relative directory, TF rewrites the listed names relative to it as if
+  they were relative to the working directory ("../model.ckpt-5"), and
+  the checkpoints are then never found."""
+  if "://" in model_dir or os.path.isabs(model_dir):
+    return model_dir
+  return os.path.abspath(model_dir)
 
 
 def _only_internal_unmatched(message):

@@ -36,7 +36,9 @@ class RunConfig:
       host collectives) or "tpu" (SimdMeshImpl under a TPUStrategy, one
       processor per core; TPUEstimator(use_tpu=True) sets it).
     devices: one device string per processor (default: local devices, or
-      the TPU cores in replica order).
+      the TPU cores in replica order). Devices of other tasks of a cluster
+      count too: `mtf.cluster.connect(...).devices(n)` (see
+      mesh_tensorflow.cluster).
     cluster: a TPUClusterResolver: with mesh_impl "tpu" the estimator
       connects to it, builds the TPUStrategy and places the mesh on the
       cores with mtf.tpu_topology.auto_logical_to_physical_tpu.
