@@ -32,3 +32,4 @@ from mesh_tensorflow.cluster.runtime import wait_for_tasks
 from mesh_tensorflow.cluster.spec import ClusterSpec
 from mesh_tensorflow.cluster.spec import ClusterSpecError
 from mesh_tensorflow.cluster.spec import Task
+from mesh_tensorflow.cluster.watchdog import Watchdog

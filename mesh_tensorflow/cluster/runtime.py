@@ -17,8 +17,9 @@ Facts of TensorFlow 2.21 this module works around:
 - A task that dies (its process killed, its connection closed) makes the
   chief's next step fail at once with `UnavailableError`; `failures()`
   turns that into a ClusterError naming the task and its address. A task
-  frozen with its socket open (SIGSTOP) is not detected: the step waits,
-  and `operation_timeout_in_ms` does not apply to remote eager ops.
+  frozen with its socket open (SIGSTOP) is not detected by TensorFlow: the
+  step waits, and `operation_timeout_in_ms` does not apply to remote eager
+  ops; `failures()` runs a watchdog (watchdog.py) for that.
 - Logical CPUs of a serving task come from `ConfigProto(device_count=...)`
   given to its server; those of the chief from
   `tf.config.set_logical_device_configuration`, which must run before
@@ -46,6 +47,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow.cluster import spec as spec_lib
+from mesh_tensorflow.cluster import watchdog as watchdog_lib
 
 _TASK_IN_MESSAGE = re.compile(r"/job:([\w-]+)/replica:\d+/task:(\d+)")
 # Errors by which TF reports a task it cannot talk to any more.
@@ -296,11 +298,24 @@ class Cluster:
         **kwargs)
 
   @contextlib.contextmanager
-  def failures(self):
+  def failures(self, watch=True, interval=10.0, timeout=10.0, misses=3,
+               on_failure=None):
     """Re-raises TensorFlow's error for a task that died or disconnected as
-    a ClusterError naming the task and its address."""
+    a ClusterError naming the task and its address.
+
+    With `watch`, a watchdog.Watchdog also checks the other tasks every
+    `interval` seconds while inside: a task that stops answering (frozen,
+    which TensorFlow would wait on forever) makes `on_failure` get a
+    ClusterError naming it after `misses` checks in a row; by default the
+    process prints it and exits with status 1.
+    """
+    others = [t for t in self._spec.tasks if t != self._spec.task]
+    guard = (watchdog_lib.Watchdog(others, interval, timeout, misses,
+                                   on_failure) if watch
+             else contextlib.nullcontext())
     try:
-      yield
+      with guard:
+        yield
     except _TASK_FAILURES as e:
       task = self._failed_task(e.message)
       if task is None:

@@ -5,7 +5,8 @@ Usage: python -m tests.cluster.mlp_chief WORKER_HOSTS MODEL_DIR MAX_STEPS
 MESH_IMPL is "placement" (default: every task's devices, the chief's
 included) or "simd" (SimdMeshImpl on the serving tasks' devices). Prints
 "step N loss L" per step; exits 3 with the ClusterError's message on
-stderr when a task cannot be reached or fails.
+stderr when a task cannot be reached or fails, and 1 (the watchdog's exit)
+when a task stops answering.
 """
 
 import sys
@@ -13,6 +14,9 @@ import sys
 from mesh_tensorflow import cluster as cluster_lib
 from tests.cluster import cluster_testing
 from tests.cluster import mlp
+
+# A frozen task is noticed after 3 unanswered checks (each waits 5 s).
+WATCHDOG = dict(interval=1.0, timeout=5.0, misses=3)
 
 
 def main(worker_hosts, model_dir, max_steps, mesh_impl="placement"):
@@ -24,7 +28,7 @@ def main(worker_hosts, model_dir, max_steps, mesh_impl="placement"):
         startup_timeout=cluster_testing.STARTUP_TIMEOUT)
     est = mlp.make_estimator(model_dir, mesh_impl=mesh_impl,
                              devices=cluster.devices(8, include_chief=not simd))
-    with cluster.failures():
+    with cluster.failures(**WATCHDOG):
       mlp.train(est, max_steps, echo=True)
   except cluster_lib.ClusterError as e:
     print(f"ClusterError: {e}", file=sys.stderr, flush=True)

@@ -1,5 +1,6 @@
-"""Faults of a 2-task cluster: a task killed mid-training (the chief fails with an error naming it, not a hang), and a
-restart that resumes from the last checkpoint with nothing lost."""
+"""Faults of a 2-task cluster: a task killed mid-training (the chief fails with an error naming it, not a hang), a
+restart that resumes from the last checkpoint with nothing lost, and a task frozen mid-training (the watchdog ends
+the chief with an error naming it)."""
 
 import signal
 import time
@@ -55,3 +56,25 @@ def test_killed_task_fails_the_chief_then_restart_resumes(tmp_path):
   for name in final:
     np.testing.assert_allclose(final[name], reference[name], rtol=1e-5,
                                atol=1e-6, err_msg=name)
+
+
+def test_frozen_task_ends_the_chief_with_an_error_naming_it(tmp_path):
+  model_dir = tmp_path / "model"
+  with cluster_testing.LocalCluster(2) as cluster:
+    server = cluster.start_server(1)
+    chief = cluster.start_chief(CHIEF, model_dir, MAX_STEPS)
+    deadline = time.monotonic() + cluster_testing.CHIEF_TIMEOUT
+    while _latest_step(model_dir) < KILL_AFTER_STEP:
+      assert chief.poll() is None, cluster.output(chief)[1][-3000:]
+      assert time.monotonic() < deadline, "no checkpoint in time"
+      time.sleep(0.05)
+    # The process stops; its kernel keeps its connections open.
+    server.send_signal(signal.SIGSTOP)
+    try:
+      rc, _, err = cluster.wait(chief)
+    finally:
+      server.send_signal(signal.SIGCONT)
+    assert rc == 1, err[-3000:]
+    assert (f"error: Task /job:worker/task:1 at {cluster.hosts[1]} stopped "
+            f"answering" in err), err[-3000:]
+  assert _latest_step(model_dir) >= KILL_AFTER_STEP
