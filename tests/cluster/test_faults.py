@@ -22,16 +22,21 @@ def _latest_step(model_dir):
   return 0 if path is None else int(path.rsplit("-", 1)[1])
 
 
+def _wait_for_checkpoint(cluster, chief, model_dir, step):
+  """Waits until the running chief has written checkpoint `step`."""
+  deadline = time.monotonic() + cluster_testing.CHIEF_TIMEOUT
+  while _latest_step(model_dir) < step:
+    assert chief.poll() is None, cluster.output(chief)[1][-3000:]
+    assert time.monotonic() < deadline, "no checkpoint in time"
+    time.sleep(0.05)
+
+
 def test_killed_task_fails_the_chief_then_restart_resumes(tmp_path):
   model_dir = tmp_path / "model"
   with cluster_testing.LocalCluster(2) as cluster:
     server = cluster.start_server(1)
     chief = cluster.start_chief(CHIEF, model_dir, MAX_STEPS)
-    deadline = time.monotonic() + cluster_testing.CHIEF_TIMEOUT
-    while _latest_step(model_dir) < KILL_AFTER_STEP:
-      assert chief.poll() is None, cluster.output(chief)[1][-3000:]
-      assert time.monotonic() < deadline, "no checkpoint in time"
-      time.sleep(0.05)
+    _wait_for_checkpoint(cluster, chief, model_dir, KILL_AFTER_STEP)
     server.send_signal(signal.SIGKILL)
     rc, out, err = cluster.wait(chief)
     assert rc == 3, err[-3000:]
@@ -63,11 +68,7 @@ def test_frozen_task_ends_the_chief_with_an_error_naming_it(tmp_path):
   with cluster_testing.LocalCluster(2) as cluster:
     server = cluster.start_server(1)
     chief = cluster.start_chief(CHIEF, model_dir, MAX_STEPS)
-    deadline = time.monotonic() + cluster_testing.CHIEF_TIMEOUT
-    while _latest_step(model_dir) < KILL_AFTER_STEP:
-      assert chief.poll() is None, cluster.output(chief)[1][-3000:]
-      assert time.monotonic() < deadline, "no checkpoint in time"
-      time.sleep(0.05)
+    _wait_for_checkpoint(cluster, chief, model_dir, KILL_AFTER_STEP)
     # The process stops; its kernel keeps its connections open.
     server.send_signal(signal.SIGSTOP)
     try:

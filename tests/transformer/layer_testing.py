@@ -63,3 +63,25 @@ def assert_same_under_layouts(build, layouts=LAYOUTS, modes=("function",),
             got[key], want, rtol=rtol, atol=atol,
             err_msg=f"{key} differs under {case_id} ({layout!r}) in {mode}")
   return reference
+
+
+def weighted_sum_builder(layer, x, loss_weights, batch_dim, length_dim,
+                         mode="eval", wrt_variables=False):
+  """build(mesh) for run_program: `layer` called on the array `x`
+  [batch, length, d_model], the loss sum(y * loss_weights), gradients by x
+  (and by every variable with `wrt_variables`)."""
+
+  def build(mesh):
+    model = ModelStub(x.shape[-1])
+    context = make_context(mesh, model, batch_dim, length_dim, mode=mode)
+    dims = [batch_dim, length_dim, model.model_dim]
+    xt = mtf_testing.import_array(mesh, x, dims)
+    y = layer.call(context, xt)
+    w = mtf_testing.import_array(mesh, loss_weights, dims)
+    wrt = {"x": xt}
+    if wrt_variables:
+      wrt.update({v.name: v.outputs[0]
+                  for v in mesh.graph.trainable_variables})
+    return {"y": y}, mtf.reduce_sum(y * w), wrt
+
+  return build

@@ -19,23 +19,8 @@ LOSS_WEIGHTS = np.random.RandomState(1).normal(
 
 
 def _builder(layer, mode="eval", wrt_variables=False):
-  """build(mesh): the layer on X, a weighted-sum loss, gradients by x (and
-  by every variable with wrt_variables)."""
-
-  def build(mesh):
-    model = layer_testing.ModelStub(D_MODEL)
-    context = layer_testing.make_context(mesh, model, BATCH, LENGTH, mode=mode)
-    x = mtf_testing.import_array(mesh, X, [BATCH, LENGTH, model.model_dim])
-    y = layer.call(context, x)
-    w = mtf_testing.import_array(mesh, LOSS_WEIGHTS,
-                                 [BATCH, LENGTH, model.model_dim])
-    wrt = {"x": x}
-    if wrt_variables:
-      wrt.update({v.name: v.outputs[0]
-                  for v in mesh.graph.trainable_variables})
-    return {"y": y}, mtf.reduce_sum(y * w), wrt
-
-  return build
+  return layer_testing.weighted_sum_builder(
+      layer, X, LOSS_WEIGHTS, BATCH, LENGTH, mode, wrt_variables)
 
 
 def _assert_same_under_layouts(build):

@@ -43,19 +43,8 @@ def _stack(layers, **kwargs):
 
 
 def _builder(stack, mode="eval", wrt_variables=False):
-  def build(mesh):
-    model = layer_testing.ModelStub(D_MODEL)
-    context = layer_testing.make_context(mesh, model, BATCH, LENGTH, mode=mode)
-    x = mtf_testing.import_array(mesh, X, [BATCH, LENGTH, model.model_dim])
-    y = stack.call(context, x)
-    w = mtf_testing.import_array(mesh, LOSS_WEIGHTS,
-                                 [BATCH, LENGTH, model.model_dim])
-    wrt = {"x": x}
-    if wrt_variables:
-      wrt.update({v.name: v.outputs[0]
-                  for v in mesh.graph.trainable_variables})
-    return {"y": y}, mtf.reduce_sum(y * w), wrt
-  return build
+  return layer_testing.weighted_sum_builder(
+      stack, X, LOSS_WEIGHTS, BATCH, LENGTH, mode, wrt_variables)
 
 
 def _np_norm(x):
