@@ -143,15 +143,19 @@ def test_infer_from_file(trained, tmp_path):
 
 def test_score_from_strings(trained, tmp_path):
   prefix = tmp_path / "scores"
-  scores, targets = run_main(trained, "utils.run.mode = 'score_from_strings'",
-                    "score_from_strings.inputs = ['1+2', '30+4']",
-                    "score_from_strings.targets = ['3', '34']",
-                    f"save_scores.scores_filename = '{prefix}'")
+  # As the original: (scores, inputs, targets) when there are inputs,
+  # the scores written with "%g".
+  scores, inputs, targets = run_main(
+      trained, "utils.run.mode = 'score_from_strings'",
+      "score_from_strings.inputs = ['1+2', '30+4']",
+      "score_from_strings.targets = ['3', '34']",
+      f"save_scores.scores_filename = '{prefix}'")
   assert len(scores) == 2 and all(s < 0 for s in scores)
-  assert targets == ["3", "34"]
-  written = [float(x) for x in (tmp_path / "scores.scores").read_text()
-             .split()]
-  np.testing.assert_allclose(written, scores, rtol=1e-5)
+  assert inputs == ["1+2", "30+4"] and targets == ["3", "34"]
+  assert (tmp_path / "scores.scores").read_text().splitlines() == [
+      "%g" % s for s in scores]
+  # Tokens before padding: the byte ids and EOS.
+  assert (tmp_path / "scores.lengths").read_text().splitlines() == ["2", "3"]
   assert (tmp_path / "scores.targets").read_text().splitlines() == ["3", "34"]
   assert (tmp_path / "scores.inputs").read_text().splitlines() == [
       "1+2", "30+4"]
@@ -261,7 +265,7 @@ def test_readme_dataset_bindings_parse():
 
 def test_score_from_dataset(trained, tmp_path):
   prefix = tmp_path / "scores"
-  scores, targets = run_main(
+  scores, _, targets = run_main(
       trained, "utils.run.mode = 'score_from_dataset'",
       "utils.run.dataset_split = 'validation'",
       "score_from_dataset.score_dataset_fn = "
@@ -279,7 +283,7 @@ def test_export_score_serves_log_likelihoods(trained, tmp_path):
   served = tf.saved_model.load(export_dir).signatures["serving_default"]
   scores = served(inputs=tf.constant(["1+2", "30+4"]),
                   targets=tf.constant(["3", "34"]))["scores"].numpy()
-  expected, _ = run_main(trained, "utils.run.mode = 'score_from_strings'",
+  expected, _, _ = run_main(trained, "utils.run.mode = 'score_from_strings'",
                          "score_from_strings.inputs = ['1+2', '30+4']",
                          "score_from_strings.targets = ['3', '34']")
   np.testing.assert_allclose(scores, expected, rtol=1e-4)
