@@ -16,7 +16,7 @@ mode:
 - "infer": decoded ids, turned into strings in the graph when the
   vocabulary can (`decode_tf`) and the run is not on TPU;
 - "score" (infer with `score_in_predict_mode`): the log-likelihood of each
-  example's targets.
+  example's targets, and the targets' ids.
 
 The estimator owns the global step, the checkpoints (with the original's
 variable names) and warm starts, which the original's model function did
@@ -434,13 +434,15 @@ def _score_spec(model, model_type, mtf_features, predict_fn, variable_dtype,
       cross_entropy *= mtf.cast(mtf.logical_not(
           transformer.delimited_lm_inputs_mask(targets)), tf.float32)
     scores = -mtf.reduce_sum(cross_entropy, reduced_dim=length_dim)
+  # As the original: the scores and the scored targets' ids (everything
+  # after their first EOS padding), not the inputs, so save_scores returns
+  # (scores, targets).
   exported = {"scores": scores, "targets": targets}
-  if "inputs" in mtf_features:
-    exported["inputs"] = mtf_features["inputs"]
   exported = {k: mtf.anonymize(v) for k, v in exported.items()}
   lowering = lower()
   predictions = {k: lowering.export_to_tf_tensor(v)
                  for k, v in exported.items()}
+  predictions["targets"] = run_inference.clean_decodes(predictions["targets"])
   return estimator_spec.EstimatorSpec(ModeKeys.PREDICT,
                                       predictions=predictions)
 

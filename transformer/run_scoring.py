@@ -202,6 +202,14 @@ def score_from_strings(estimator, vocabulary, model_type, batch_size,
     features = {"targets": run_inference.encode_delimited_lm(
         inputs, targets, vocabulary, batch_size, sequence_length["targets"],
         eos_id=eos_id, include_final_eos=score_eos)}
+  elif model_type == "lm":
+    # As the original: a language model scores each target after its input,
+    # which is an unscored prefix of the same sequence.
+    features = {"targets": run_inference.encode_inputs(
+        targets, run_settings.targets_vocabulary(vocabulary), model_type,
+        batch_size, sequence_length["targets"],
+        eos_id=eos_id if score_eos else 0,
+        unscored_prefix=inputs if has_inputs else None)}
   else:
     features = {"targets": run_inference.encode_inputs(
         targets, run_settings.targets_vocabulary(vocabulary), model_type,

@@ -143,22 +143,21 @@ def test_infer_from_file(trained, tmp_path):
 
 def test_score_from_strings(trained, tmp_path):
   prefix = tmp_path / "scores"
-  # As the original: (scores, inputs, targets) when there are inputs,
-  # the scores written with "%g".
-  scores, inputs, targets = run_main(
+  # As the original: (scores, targets), the scores written with "%g", the
+  # targets' lengths (tokens before padding: the bytes and EOS).
+  scores, targets = run_main(
       trained, "utils.run.mode = 'score_from_strings'",
       "score_from_strings.inputs = ['1+2', '30+4']",
       "score_from_strings.targets = ['3', '34']",
       f"save_scores.scores_filename = '{prefix}'")
   assert len(scores) == 2 and all(s < 0 for s in scores)
-  assert inputs == ["1+2", "30+4"] and targets == ["3", "34"]
+  assert targets == ["3", "34"]
+  assert sorted(os.listdir(tmp_path)) == [
+      "scores.lengths", "scores.scores", "scores.targets"]
   assert (tmp_path / "scores.scores").read_text().splitlines() == [
       "%g" % s for s in scores]
-  # Tokens before padding: the byte ids and EOS.
   assert (tmp_path / "scores.lengths").read_text().splitlines() == ["2", "3"]
   assert (tmp_path / "scores.targets").read_text().splitlines() == ["3", "34"]
-  assert (tmp_path / "scores.inputs").read_text().splitlines() == [
-      "1+2", "30+4"]
 
 
 def test_export_and_serve_one_request(trained, tmp_path):
@@ -265,7 +264,7 @@ def test_readme_dataset_bindings_parse():
 
 def test_score_from_dataset(trained, tmp_path):
   prefix = tmp_path / "scores"
-  scores, _, targets = run_main(
+  scores, targets = run_main(
       trained, "utils.run.mode = 'score_from_dataset'",
       "utils.run.dataset_split = 'validation'",
       "score_from_dataset.score_dataset_fn = "
@@ -273,8 +272,13 @@ def test_score_from_dataset(trained, tmp_path):
       f"save_scores.scores_filename = '{prefix}'")
   assert len(scores) == len(targets) == NUM_EVAL  # Padding dropped.
   assert all(s < 0 for s in scores)
-  inputs = (tmp_path / "scores.inputs").read_text().splitlines()
-  assert targets == [str(sum(map(int, i.split("+")))) for i in inputs]
+  eval_dataset, = embedded_task.addition_eval_dataset_fn(
+      {"inputs": 8, "targets": 8}, embedded_task.addition_vocabulary(),
+      num_eval_examples=NUM_EVAL, max_digits=2)
+  assert targets == [
+      ex["targets_plaintext"].decode()
+      for ex in eval_dataset.dataset_fn().as_numpy_iterator()]
+  assert (tmp_path / "scores.targets").read_text().splitlines() == targets
 
 
 def test_export_score_serves_log_likelihoods(trained, tmp_path):
@@ -283,7 +287,7 @@ def test_export_score_serves_log_likelihoods(trained, tmp_path):
   served = tf.saved_model.load(export_dir).signatures["serving_default"]
   scores = served(inputs=tf.constant(["1+2", "30+4"]),
                   targets=tf.constant(["3", "34"]))["scores"].numpy()
-  expected, _, _ = run_main(trained, "utils.run.mode = 'score_from_strings'",
+  expected, _ = run_main(trained, "utils.run.mode = 'score_from_strings'",
                          "score_from_strings.inputs = ['1+2', '30+4']",
                          "score_from_strings.targets = ['3', '34']")
   np.testing.assert_allclose(scores, expected, rtol=1e-4)

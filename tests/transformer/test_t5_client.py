@@ -190,21 +190,21 @@ def test_mtf_model_train_eval_predict_score_export_finetune(mtf_model_module,
   # Score strings: one log-likelihood per (input, target) pair, below zero,
   # also written one per line to the scores file.
   scores_file = str(tmp_path / "scores")
-  result = model.score(inputs=["abc", "bead", "face"],
-                       targets=["cba", "daeb", "ecaf"],
-                       scores_file=scores_file, vocabulary=_vocabulary())
-  scores = [float(s) for s in _scores_of(result)]
+  scores, scored_targets = model.score(
+      inputs=["abc", "bead", "face"], targets=["cba", "daeb", "ecaf"],
+      scores_file=scores_file, vocabulary=_vocabulary())
+  assert scored_targets == ["cba", "daeb", "ecaf"]
   assert len(scores) == 3 and all(s < 0 for s in scores), scores
   with open(scores_file + ".scores") as f:  # As the original names it.
     assert [float(l) for l in f.read().split()] == pytest.approx(scores,
                                                                  rel=1e-5)
 
   # Score the task's validation split: one score per example (six).
-  result = model.score(mixture_or_task_name=TASK,
-                       mixture_or_task_split="validation",
-                       vocabulary=_vocabulary())
-  task_scores = [float(s) for s in _scores_of(result)]
-  assert len(task_scores) >= 6 and all(s < 0 for s in task_scores[:6])
+  task_scores, task_targets = model.score(mixture_or_task_name=TASK,
+                                          mixture_or_task_split="validation",
+                                          vocabulary=_vocabulary())
+  assert len(task_scores) == len(task_targets) == 6
+  assert all(s < 0 for s in task_scores)
 
   # Export: a SavedModel that decodes strings.
   export_path = model.export(str(tmp_path / "export"), checkpoint_step=-1,
@@ -263,38 +263,38 @@ def test_mtf_model_on_t5_defaults(mtf_model_module, tmp_path):
     assert len(f.read().rstrip("\n").split("\n")) == 3
 
   # Score strings, two targets per input (more than a batch of 4): one score
-  # per target, returned and written as the original did, and equal to the
-  # sum of the per-token log-likelihoods of a teacher-forced forward pass.
-  inputs = ["abc", "bead", "face"]
+  # per target, equal to the sum of the per-token log-likelihoods of a
+  # teacher-forced forward pass. As the original: (scores, targets) returned
+  # (T5's MtfModel.score documents that pair), the scores written with "%g",
+  # the targets and their lengths (the bytes and EOS) beside them.
+  inputs = ["abc", "abc", "bead", "bead", "face", "face"]
   targets = ["cba", "abc", "daeb", "bead", "ecaf", "face"]
   scores_file = str(tmp_path / "scores")
-  scores, scored_inputs, scored_targets = model.score(
-      inputs=inputs, targets=targets, scores_file=scores_file,
+  scores, scored_targets = model.score(
+      inputs=inputs[::2], targets=targets, scores_file=scores_file,
       vocabulary=_vocabulary())
-  assert scored_inputs == [i for i in inputs for _ in range(2)]
   assert scored_targets == targets
   np.testing.assert_allclose(
-      scores, _reference_scores(model_dir, scored_inputs, targets),
-      rtol=1e-4)
+      scores, _reference_scores(model_dir, inputs, targets), rtol=1e-4)
+  assert sorted(p.name for p in tmp_path.glob("scores.*")) == [
+      "scores.lengths", "scores.scores", "scores.targets"]
   with open(scores_file + ".scores") as f:
     assert f.read().splitlines() == ["%g" % s for s in scores]
-  with open(scores_file + ".lengths") as f:  # The bytes and EOS.
+  with open(scores_file + ".lengths") as f:
     assert f.read().splitlines() == [str(len(t) + 1) for t in targets]
   with open(scores_file + ".targets") as f:
     assert f.read().splitlines() == targets
-  with open(scores_file + ".inputs") as f:
-    assert f.read().splitlines() == scored_inputs
 
   # Score the task's validation split: its six examples, the padding of the
-  # last batch dropped; the same scores as scoring their strings.
-  task_scores, task_inputs, task_targets = model.score(
+  # last batch dropped.
+  validation = ["abc", "cab", "bad", "dab", "ace", "bee"]
+  reversed_words = [w[::-1] for w in validation]
+  task_scores, task_targets = model.score(
       mixture_or_task_name=TASK, mixture_or_task_split="validation",
       vocabulary=_vocabulary())
-  validation = ["abc", "cab", "bad", "dab", "ace", "bee"]
-  assert task_inputs == validation
-  assert task_targets == [w[::-1] for w in validation]
+  assert task_targets == reversed_words
   np.testing.assert_allclose(
-      task_scores, _reference_scores(model_dir, task_inputs, task_targets),
+      task_scores, _reference_scores(model_dir, validation, reversed_words),
       rtol=1e-4)
 
   # Export: a SavedModel that decodes strings.
@@ -381,11 +381,6 @@ def _reference_scores(model_dir, inputs, targets):
   token_scores = np.take_along_axis(
       log_probs, features["targets"][..., None], -1)[..., 0]
   return np.sum(np.where(features["targets"] > 0, token_scores, 0.0), -1)
-
-
-def _scores_of(result):
-  """T5 returns what save_scores returns: the scores, or (scores, ...)."""
-  return result[0] if isinstance(result, tuple) else result
 
 
 def _vocabulary():
