@@ -345,7 +345,8 @@ def test_rules_for_mesh_dimensions_the_mesh_lacks_are_ignored(caplog):
             if "this mesh lacks" in r.getMessage()]
   assert logged == [
       "Ignoring layout rules for mesh dimensions this mesh lacks: "
-      "hidden:hidnen_typo;out:ensemble_h24 (mesh Shape[rows=2, cols=4])."], logged
+      "hidden:hidnen_typo;out:ensemble_h24 (mesh Shape[rows=2, cols=4])."
+  ], logged
   assert all(r.levelno == logging.INFO for r in caplog.records
              if "this mesh lacks" in r.getMessage())
 

@@ -2,9 +2,9 @@
 
 The estimator must score in predict mode (`utils.get_estimator(...,
 score_in_predict_mode=True)`, which `utils.run` does for the score modes);
-each prediction then holds "scores" and the example's "targets" (and
-"inputs") ids. `score_from_strings` scores text pairs (lists or files),
-`score_from_dataset` an EvalDataset; both hand the predictions to
+each prediction then holds "scores" and the example's "targets" ids (as
+the original's, no "inputs"). `score_from_strings` scores text pairs (lists
+or files), `score_from_dataset` EvalDatasets; both hand the predictions to
 `score_postprocess_fn` (default `save_scores`, which returns the scores, or
 `(scores, targets)` / `(scores, inputs, targets)` with the examples' text, and
 writes "<scores_filename>.scores", ".targets", ".lengths" and ".inputs").
@@ -120,7 +120,8 @@ def _num_unpadded(results):
 
 @gin.configurable(module=_GIN_MODULE)
 def score_with_estimator(estimator, input_fn, eval_checkpoint_step,
-                         model_dir, vocabulary, score_postprocess_fn=save_scores,
+                         model_dir, vocabulary,
+                         score_postprocess_fn=save_scores,
                          num_examples=None):
   """Scores input_fn's examples with the checkpoint eval_checkpoint_step
   names (None: the latest); returns score_postprocess_fn(results,
