@@ -177,11 +177,13 @@ class Conv1DLayer(Conv1D):
     # An explicit name, so that the first-part and incremental calls of one
     # model share the kernel. The original's initializer is Glorot uniform;
     # the default here is the same, seeded by the variable name so that
-    # every layout starts from the same kernel.
+    # every layout starts from the same kernel. A context without a
+    # variable_dtype (the original never read it here) gets float32.
     output = mtf.layers.conv1d(
         x, output_dim=mtf.Dimension(model_dim.name, self._output_size),
         filter_size=self._filter_size, padding=padding,
-        variable_dtype=context.variable_dtype, name="conv2d")
+        variable_dtype=getattr(context, "variable_dtype", None),
+        name="conv2d")
     if context.mode == transformer.INCREMENTAL:
       # The VALID convolution leaves one position: drop it.
       (one,) = [d for d in output.shape.dims if d.name == "length"]

@@ -114,7 +114,12 @@ def encode_delimited_lm(inputs, targets, vocabulary, batch_size,
 
 @gin.configurable(module=_GIN_MODULE)
 def clean_decodes(ids, eos_id=1, pad_id=0, length_axis=-1):
-  """ids with everything after the first EOS replaced by pad_id."""
+  """ids with everything after the first EOS replaced by pad_id.
+
+  `ids` is a Tensor or anything tf.convert_to_tensor takes (a nested list
+  of ints, a NumPy array).
+  """
+  ids = tf.convert_to_tensor(ids)
   after_eos = tf.cumsum(tf.cast(tf.equal(ids, eos_id), tf.int32),
                         exclusive=True, axis=length_axis)
   return tf.where(tf.equal(after_eos, 0), ids, tf.cast(pad_id, ids.dtype))
