@@ -41,7 +41,7 @@ from mesh_tensorflow.transformer import transformer
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 SCORE = "score"
 
-# The features the model reads; others (e.g. "*_plaintext") are dropped.
+# The features the model reads; others (e.g. "*_pretokenized") are dropped.
 MODEL_FEATURES = ("inputs", "inputs_position", "inputs_segmentation",
                   "targets", "targets_position", "targets_segmentation",
                   "targets_subsegmentation")

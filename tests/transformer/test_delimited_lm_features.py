@@ -22,7 +22,8 @@ def _text2self(features):
         k: mtf.import_tf_tensor(mesh, tf.constant(v, tf.int32),
                                 [BATCH, LENGTH])
         for k, v in features.items()}
-    return utils._dynamic_text2self(mtf_features), None, {}  # pylint: disable=protected-access
+    text2self = utils._dynamic_text2self  # pylint: disable=protected-access
+    return text2self(mtf_features), None, {}
   return layer_testing.run_under("all:1", "", "function", build)
 
 
