@@ -97,9 +97,9 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size,
 
   examples, targets = {}, {}
   for eval_dataset in eval_datasets:
-    cached = run_inference.maybe_add_pretokenized_features(
-        list(eval_dataset.dataset_fn().as_numpy_iterator()), vocabulary)
+    cached = list(eval_dataset.dataset_fn().as_numpy_iterator())
     examples[eval_dataset.name] = cached
+    run_inference.maybe_add_pretokenized_features(cached, vocabulary)
     targets[eval_dataset.name] = [
         _postprocess(eval_dataset, _text(ex["targets_pretokenized"]), ex,
                      is_target=True) for ex in cached]
