@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import run_model_fn
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary
 
@@ -106,6 +107,54 @@ def test_clean_decodes():
   np.testing.assert_array_equal(
       utils.clean_decodes(ids).numpy(),
       [[5, 6, 1, 0, 0], [1, 0, 0, 0, 0], [4, 4, 4, 4, 4]])
+
+
+def test_clean_decodes_takes_a_python_list():
+  """As the original: any value tf.convert_to_tensor accepts."""
+  cleaned = utils.clean_decodes([[2, 1, 3], [1, 2, 2]], pad_id=7)
+  np.testing.assert_array_equal(cleaned.numpy(), [[2, 1, 7], [1, 7, 7]])
+
+
+def _metric_value(metric):
+  if metric.reduction == "mean":
+    return float(metric.parts["total"] / metric.parts["count"])
+  return float(next(iter(metric.parts.values())))
+
+
+def test_eval_metrics_weigh_every_mean_like_the_original():
+  """mean_label, the original's checksum of the evaluation data, is the
+  mean of the weighted labels (padding and negative ids left out)."""
+  labels = tf.constant([[5, 3, 0, 0], [2, -4, 7, 0]])
+  predictions = tf.constant([[5, 1, 0, 0], [2, 4, 7, 1]])
+  weights = tf.constant([[1., 1., 0., 0.], [1., 0., 1., 0.]])
+  xent = tf.constant([[1., 2., 9., 9.], [3., 9., 4., 9.]])
+  got = {k: _metric_value(m) for k, m in run_model_fn.teacher_forced_metrics(
+      xent, predictions, labels, weights).items()}
+  assert got == pytest.approx({
+      "mean_label": (5 + 3 + 2 + 7) / 4,
+      "neg_log_perplexity": -(1 + 2 + 3 + 4) / 4,
+      "token_accuracy": 3 / 4,
+      "sequence_accuracy": 1 / 2,
+      "num_eval_tokens": 4,
+      "max_targets_length": 2})
+
+
+@pytest.mark.parametrize("model_type, want", [
+    ("lm", [[1, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0]]),
+    ("delimited_lm", [[0, 0, 1, 1, 0, 0], [0, 0, 1, 0, 0, 0]])])
+def test_eval_weights_leave_out_padding_and_negative_ids(model_type, want):
+  """As the original: only positive targets count (negative ids mark an
+  unscored prefix), and a delimited_lm's inputs part does not."""
+  targets = np.array([[4, 1, 5, 1, 0, 0], [-3, 1, 6, 0, 0, 0]], np.int32)
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  batch, length = mtf.Dimension("batch", 2), mtf.Dimension("length", 6)
+  weights = run_model_fn.eval_weights(
+      mtf.import_tf_tensor(mesh, tf.constant(targets), [batch, length]),
+      model_type)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl([], {}, [""])
+  lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+  np.testing.assert_array_equal(
+      lowering.export_to_tf_tensor(weights).numpy(), want)
 
 
 def test_encode_inputs_pads_rows_and_batches():
