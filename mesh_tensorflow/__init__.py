@@ -67,7 +67,7 @@ from mesh_tensorflow import beam_search  # pylint: disable=g-bad-import-order
 from mesh_tensorflow import test_utils  # pylint: disable=g-bad-import-order
 from mesh_tensorflow import utils  # pylint: disable=g-bad-import-order
 
-__version__ = "0.2.0"
+from mesh_tensorflow.version import __version__  # pylint: disable=g-bad-import-order
 
 autograph_rules.register()
 
