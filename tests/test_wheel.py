@@ -49,7 +49,7 @@ def _run(args, cwd, env=None, timeout=300, returncodes=(0,)):
   result = subprocess.run(args, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
   assert result.returncode in returncodes, (
-      f"{' '.join(map(str, args))} failed:\n{result.stdout[-3000:]}\n"
+      f"{' '.join(map(str, args))[:300]} failed:\n{result.stdout[-3000:]}\n"
       f"{result.stderr[-3000:]}")
   return result
 
