@@ -130,7 +130,8 @@ def test_bindings_reach_the_cores_own_calls(_clear_gin):
 
 def test_without_bindings_the_core_runs_as_written(_clear_gin):
   assert mtf.layers.unit_scaling_convention() is False
-  assert mtf.optimize.AdafactorOptimizer()._beta1 == 0.0  # pylint: disable=protected-access
+  optimizer = mtf.optimize.AdafactorOptimizer()
+  assert optimizer._beta1 == 0.0  # pylint: disable=protected-access
 
 
 def test_only_marked_callables_can_be_configured():
