@@ -101,7 +101,7 @@ def test_waiting_for_checkpoints_says_so_and_times_out(tmp_path, caplog,
   model_dir = str(tmp_path)
   _touch_checkpoints(model_dir, [100])
   later = threading.Timer(0.3, _touch_checkpoints, (model_dir, [200]))
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")
   later.start()
   try:
     paths = list(utils.get_checkpoint_iterator(None, model_dir, timeout=0.7))
@@ -125,7 +125,7 @@ def test_waiting_for_checkpoints_says_so_and_times_out(tmp_path, caplog,
 
 
 def test_waiting_with_no_checkpoint_yet_says_so(tmp_path, caplog):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")
   assert not list(utils.get_checkpoint_iterator(None, str(tmp_path),
                                                 timeout=0.1))
   (line,) = _waiting_lines(caplog)
@@ -134,7 +134,7 @@ def test_waiting_with_no_checkpoint_yet_says_so(tmp_path, caplog):
 
 def test_waiting_timeout_is_a_gin_parameter(tmp_path, caplog):
   gin.parse_config("utils.get_checkpoint_iterator.timeout = 0.1")
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")
   assert not list(utils.get_checkpoint_iterator(None, str(tmp_path)))
   assert _waiting_lines(caplog)
 
