@@ -4,7 +4,9 @@ It also makes `mesh_tensorflow.transformer` the `transformer/` folder of this
 checkout. An editable install maps that package to the folder it was
 installed from, so tests run from another checkout of the repository (a git
 worktree sharing one virtual environment) would otherwise test the wrong
-code.
+code. setup.py's package mapping cannot help there: it is what the editable
+install recorded. (tests/test_wheel.py checks the mapping of an ordinary
+install.)
 """
 
 import importlib.util
