@@ -21,18 +21,23 @@ import tensorflow as tf
 from tensorflow.python.ops import init_ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import init_ops_v2  # pylint: disable=g-direct-tensorflow-import
 
-# TF1 name -> (TF's own TF1 class, its stateless TF2 twin).
+# TF1 name -> (TF's own TF1 class, its stateless TF2 twin, the parameters
+# passed on). The twins' defaults differ (TF2's normal has stddev 0.05, TF1's
+# 1.0), so the TF1 object's parameters, defaults included, are passed on.
 _TWINS = {
     "random_normal_initializer": (init_ops.RandomNormal,
-                                  init_ops_v2.RandomNormal),
+                                  init_ops_v2.RandomNormal,
+                                  ("mean", "stddev")),
     "truncated_normal_initializer": (init_ops.TruncatedNormal,
-                                     init_ops_v2.TruncatedNormal),
+                                     init_ops_v2.TruncatedNormal,
+                                     ("mean", "stddev")),
     "random_uniform_initializer": (init_ops.RandomUniform,
-                                   init_ops_v2.RandomUniform),
+                                   init_ops_v2.RandomUniform,
+                                   ("minval", "maxval")),
     "glorot_uniform_initializer": (init_ops.GlorotUniform,
-                                   init_ops_v2.GlorotUniform),
+                                   init_ops_v2.GlorotUniform, ()),
     "glorot_normal_initializer": (init_ops.GlorotNormal,
-                                  init_ops_v2.GlorotNormal),
+                                  init_ops_v2.GlorotNormal, ()),
 }
 
 
@@ -58,10 +63,14 @@ def seeded(tf1_name, seed, **kwargs):
     raise ValueError(f"No seeded form of tf.compat.v1.{tf1_name}; use one of "
                      f"{sorted(_TWINS)}.")
   factory = getattr(tf.compat.v1, tf1_name)
-  tf1_class, twin = _TWINS[tf1_name]
+  tf1_class, twin, passed_on = _TWINS[tf1_name]
   if factory is not tf1_class:
     return factory(seed=seed, **kwargs)
-  initializer = twin(seed=seed, **kwargs)
+  config = tf1_class(seed=seed, **kwargs).get_config()
+  params = {k: config[k] for k in passed_on}
+  if "maxval" in params and params["maxval"] is None:
+    params["maxval"] = 1.0  # TF1's uniform default for floats: [0, 1).
+  initializer = twin(seed=seed, **params)
 
   def call(shape, dtype=tf.float32, **unused_kwargs):
     # Drawn in float32 whatever the master dtype (TF2's random initializers

@@ -27,6 +27,18 @@ def test_tf_own_initializers_are_deterministic():
   assert 1.9 < normal.std() < 2.1
 
 
+def test_tf1_defaults():
+  # TF2's twins default to stddev 0.05 / [-0.05, 0.05); TF1's to 1 / [0, 1).
+  normal = tf_initializers.seeded("random_normal_initializer", 3)([4000])
+  assert 0.95 < normal.numpy().std() < 1.05
+  truncated = tf_initializers.seeded("truncated_normal_initializer", 3)(
+      [4000]).numpy()
+  assert 0.8 < truncated.std() < 0.9 and truncated.max() <= 2.0
+  uniform = tf_initializers.seeded("random_uniform_initializer", 3)(
+      [4000]).numpy()
+  assert uniform.min() >= 0.0 and 0.95 < uniform.max() < 1.0
+
+
 def test_integer_dtype_is_cast():
   value = tf_initializers.seeded("random_uniform_initializer", 1,
                                  minval=0.0, maxval=10.0)([6], tf.int32)
