@@ -348,7 +348,7 @@ def embedding_weights(mesh, vocab_dim, output_dim, variable_dtype,
     shape = mtf.Shape([ensemble_dim]) + shape
   if initializer is None:
     initializer = tf_initializers.seeded("random_normal_initializer",
-                                         _name_seed(name))
+                                         _name_seed(name), stream=1)
   return mtf.get_variable(mesh, name, shape, dtype=variable_dtype,
                           initializer=initializer)
 

@@ -28,7 +28,7 @@ def test_tf_own_initializers_are_deterministic():
 
 
 def test_tf1_defaults():
-  # TF2's twins default to stddev 0.05 / [-0.05, 0.05); TF1's to 1 / [0, 1).
+  # TF1's defaults: stddev 1, uniform in [0, 1).
   normal = tf_initializers.seeded("random_normal_initializer", 3)([4000])
   assert 0.95 < normal.numpy().std() < 1.05
   truncated = tf_initializers.seeded("truncated_normal_initializer", 3)(

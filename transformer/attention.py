@@ -355,7 +355,7 @@ def _seeded_normal_initializer(name, stddev):
   `mtf.get_variable`), so that every layout and every trace starts from the
   same values (see mtf.tf_initializers)."""
   return tf_initializers.seeded("random_normal_initializer",
-                                tf_initializers.name_seed(name),
+                                tf_initializers.name_seed(name), stream=2,
                                 stddev=stddev)
 
 

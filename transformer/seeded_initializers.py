@@ -20,11 +20,11 @@ def uniform(name, minval=0.0, maxval=1.0):
   """fn(shape, dtype): tf.random_uniform_initializer(minval, maxval), seeded
   by `name`."""
   return tf_initializers.seeded("random_uniform_initializer", name_seed(name),
-                                minval=minval, maxval=maxval)
+                                stream=2, minval=minval, maxval=maxval)
 
 
 def normal(name, stddev=1.0):
   """fn(shape, dtype): tf.random_normal_initializer(stddev), seeded by
   `name`."""
   return tf_initializers.seeded("random_normal_initializer", name_seed(name),
-                                stddev=stddev)
+                                stream=2, stddev=stddev)

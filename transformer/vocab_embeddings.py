@@ -25,7 +25,7 @@ def _normal_initializer(name, stddev=1.0):
   """The original's tf.random_normal_initializer(stddev), seeded by the
   scoped name variable `name` will get (see mtf.tf_initializers)."""
   return tf_initializers.seeded("random_normal_initializer",
-                                tf_initializers.name_seed(name),
+                                tf_initializers.name_seed(name), stream=3,
                                 stddev=stddev)
 
 
