@@ -164,10 +164,10 @@ class Shape(_Immutable):
     """Appends a Dimension, a Shape or a list of dimensions."""
     if isinstance(other, Dimension):
       return Shape(self._dims + (other,))
-    return Shape(self._dims + tuple(convert_to_shape(other)._dims))
+    return Shape(self._dims + tuple(_shape_to_add(other, self)._dims))
 
   def __radd__(self, other):
-    return convert_to_shape(other) + self
+    return _shape_to_add(other, self) + self
 
   def __sub__(self, other):
     """Removes dimensions.
@@ -286,6 +286,13 @@ def convert_to_shape(x):
         f"Cannot convert {x!r} to a Shape: expected a Shape, a list of "
         "Dimensions or (name, size) pairs, or a string like 'a:4,b:8'.") from None
   return Shape(items)
+
+
+def _shape_to_add(other, shape):
+  if other is None:
+    raise TypeError(f"Cannot add None to {shape}: expected a Dimension, a "
+                    "Shape or a list of dimensions.")
+  return convert_to_shape(other)
 
 
 def dimension_of(shape, dim, context):

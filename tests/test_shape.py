@@ -73,6 +73,8 @@ def test_shape_arithmetic():
   assert (s - a).dims == [b]
   assert (s - [a, c]).dims == [b]
   assert s - None == s
+  with pytest.raises(TypeError, match="None"):
+    s + None  # pylint: disable=pointless-statement
   with pytest.raises(mtf.ShapeError):
     s - c  # pylint: disable=pointless-statement
   assert s.size == 6

@@ -97,7 +97,8 @@ if [ "${#files[@]}" -eq 0 ]; then
 fi
 
 # Runs one test file as __main__ with this checkout's package imported, and
-# writes each test's outcome (one JSON object a line) to $ORIGINAL_TESTS_OUT.
+# writes each test's outcome (one JSON object a line) to the file named by
+# its third argument.
 cat > "$scratch/run_one.py" <<'PYTHON'
 """Runs one of the original's test files as a script; records outcomes."""
 import importlib.util
