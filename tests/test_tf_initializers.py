@@ -79,6 +79,21 @@ def test_a_replaced_tf1_name_is_called_on_the_full_shape():
   assert calls and isinstance(calls[0][0], int)
 
 
+def test_get_variable_chooses_its_default_when_called():
+  # As the original: a replacement active while the graph is built applies,
+  # even if the graph is lowered after it is undone.
+  full = np.ones([2, 3], np.float32)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  with mock.patch.object(
+      tf.compat.v1, "glorot_uniform_initializer",
+      lambda seed=None: lambda shape, dtype=None, **_: tf.constant(full)):
+    v = mtf.get_variable(mesh, "w", "a:2,b:3")
+  lowering = mtf.Lowering(graph, {mesh: mtf.placement_mesh_impl.
+                                  PlacementMeshImpl("all:1", "")})
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(v), full)
+
+
 def test_layers_use_the_seeded_tf_names():
   full = np.full([2, 3], 0.25, np.float32)
   with mock.patch.object(tf.compat.v1, "truncated_normal_initializer") as m:

@@ -149,6 +149,8 @@ class _ConvBase(graph_lib.Operation):
 
   _rank = None
   _kind = "conv"
+  # Dimensions refused by check_splits beyond the unsplittable marks.
+  _refused_splits = frozenset()
 
   def _validate(self, image_shape, filter_shape, strides, padding,
                 filter_image_channel_axis):
@@ -188,7 +190,7 @@ class _ConvBase(graph_lib.Operation):
 
   def check_splits(self, lowering):
     super().check_splits(lowering)
-    self._refuse_splits(lowering, getattr(self, "_refused_splits", ()))
+    self._refuse_splits(lowering, self._refused_splits)
 
   def _conv_shape(self, out_channels):
     """The output shape of the convolution of the validated input."""
