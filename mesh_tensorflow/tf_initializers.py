@@ -14,7 +14,8 @@ so two layouts of one model would start apart. For TF's own classes we
 therefore draw the same distribution, with the TF1 object's parameters
 (defaults included), from TF's stateless random ops: the same values for
 the same seed and shape, on every layout and every trace. A replaced name
-(a user's initializer or a test's mock) is called as given.
+(a user's initializer or a test's mock) is called as the original called
+it: with the parameters, without a seed.
 """
 
 import math
@@ -75,7 +76,7 @@ def name_seed(name):
 
 
 def seeded(tf1_name, seed, stream=0, **kwargs):
-  """`tf.compat.v1.<tf1_name>(seed=seed, **kwargs)`, stateless if TF's own.
+  """`tf.compat.v1.<tf1_name>(**kwargs)`, seeded and stateless if TF's own.
 
   Args:
     tf1_name: one of "random_normal_initializer",
@@ -97,7 +98,7 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
   factory = getattr(tf.compat.v1, tf1_name)
   tf1_class, draw = _DRAWS[tf1_name]
   if factory is not tf1_class:
-    return factory(seed=seed, **kwargs)
+    return factory(**kwargs)
   config = tf1_class(seed=seed, **kwargs).get_config()
 
   def initializer(shape, dtype=tf.float32, **unused_kwargs):
