@@ -19,6 +19,8 @@ itself is still being imported. Local (blocked) attention lives in
 
 import tensorflow as tf
 
+from mesh_tensorflow import tf_initializers
+
 __all__ = [
     "attention_bias_local_block",
     "attention_mask_autoregressive",
@@ -175,11 +177,10 @@ def dot_product_attention(q, k, v, mask, is_training=False, dropout=0.0,
 
 
 def _normal_initializer(stddev, seed):
-  """N(0, stddev^2) values, the same on every layout and every trace."""
-  def initializer(shape, dtype=tf.float32):
-    return tf.cast(tf.random.stateless_normal(list(shape), seed=[seed, 2],
-                                              stddev=stddev), dtype)
-  return initializer
+  """N(0, stddev^2) values, the same on every layout and every trace: the
+  original's tf.random_normal_initializer, seeded (see tf_initializers)."""
+  return tf_initializers.seeded("random_normal_initializer", seed, stream=2,
+                                stddev=stddev)
 
 
 def multihead_attention_params(mesh, heads, io_channels, kv_channels,

@@ -581,7 +581,11 @@ class Operation:
 
   def check_splits(self, lowering):
     """Raises if a dimension this operation cannot split is split."""
-    unsplittable = self.unsplittable_dims
+    self._refuse_splits(lowering, self.unsplittable_dims)
+
+  def _refuse_splits(self, lowering, unsplittable):
+    """Raises a LayoutError if a dimension named in `unsplittable` is split
+    in this operation's inputs or outputs."""
     if not unsplittable:
       return
     for t in self._inputs + self._outputs:

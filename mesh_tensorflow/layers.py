@@ -10,13 +10,13 @@ import contextlib
 import functools
 import random
 import weakref
-import zlib
 
 from absl import logging
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable as configurable_lib
+from mesh_tensorflow import tf_initializers
 
 # Scope names already taken in each mtf.Graph, for layers called without a
 # name. TensorFlow's own default-name counter lives in a process-wide store
@@ -44,9 +44,7 @@ def _variable_scope(mesh, name, default_name):
 
 def _name_seed(name):
   """A seed from the scoped name `name` would get in get_variable."""
-  scope = tf.compat.v1.get_variable_scope().name
-  full_name = f"{scope}/{name}" if scope else name
-  return zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
+  return tf_initializers.name_seed(name)
 
 
 def _as_list(dims):
@@ -312,20 +310,13 @@ class VarianceScalingInitializer(DenseInitializer):
     if seed is None:
       seed = default_seed if default_seed is not None else random.randrange(
           2**31)
-    distribution = self.distribution
-
-    def initializer(shape, dtype=tf.float32):
-      shape = list(shape)
-      if distribution == "normal":
-        values = tf.random.stateless_truncated_normal(
-            shape, seed=[seed, 0], stddev=stddev)
-      else:
-        limit = stddev * 3.0 ** 0.5
-        values = tf.random.stateless_uniform(
-            shape, seed=[seed, 0], minval=-limit, maxval=limit)
-      return tf.cast(values, dtype)
-
-    return initializer
+    # TF's initializers, as the original's; see tf_initializers.
+    if self.distribution == "normal":
+      return tf_initializers.seeded("truncated_normal_initializer", seed,
+                                    stddev=stddev)
+    limit = stddev * 3.0 ** 0.5
+    return tf_initializers.seeded("random_uniform_initializer", seed,
+                                  minval=-limit, maxval=limit)
 
 
 def layer_norm(x, dim, epsilon=1e-6, name="layer_prepostprocess"):
@@ -360,16 +351,10 @@ def embedding_weights(mesh, vocab_dim, output_dim, variable_dtype,
   if ensemble_dim is not None:
     shape = mtf.Shape([ensemble_dim]) + shape
   if initializer is None:
-    initializer = _standard_normal_initializer(_name_seed(name))
+    initializer = tf_initializers.seeded("random_normal_initializer",
+                                         _name_seed(name), stream=1)
   return mtf.get_variable(mesh, name, shape, dtype=variable_dtype,
                           initializer=initializer)
-
-
-def _standard_normal_initializer(seed):
-  def initializer(shape, dtype=tf.float32):
-    return tf.cast(tf.random.stateless_normal(list(shape), seed=[seed, 1]),
-                   dtype)
-  return initializer
 
 
 def embedding(indices, vocab_dim, output_dim, variable_dtype,

@@ -46,14 +46,25 @@ class Dimension(collections.namedtuple("Dimension", ["name", "size"])):
 
 
 def convert_to_dimension(d):
-  """Converts a Dimension, a (name, size) pair or None to a Dimension."""
+  """Converts a Dimension, a (name, size) pair or None to a Dimension.
+
+  Raises:
+    TypeError: `d` is not a pair at all (e.g. an int), as in the original.
+    ShapeError: `d` is a sequence but not a valid (name, size) pair.
+  """
   if d is None or isinstance(d, Dimension):
     return d
-  if isinstance(d, (tuple, list)) and len(d) == 2:
-    return Dimension(d[0], d[1])
-  raise errors.ShapeError(
-      f"Cannot convert {d!r} to a Dimension: expected a Dimension or a "
-      "(name, size) pair.")
+  try:
+    name, size = d
+  except TypeError:
+    raise TypeError(
+        f"Cannot convert {d!r} to a Dimension: expected a Dimension or a "
+        "(name, size) pair.") from None
+  except ValueError:
+    raise errors.ShapeError(
+        f"Cannot convert {d!r} to a Dimension: expected a Dimension or a "
+        "(name, size) pair.") from None
+  return Dimension(name, size)
 
 
 def _parse_string_to_list_of_pairs(s, seconds_to_int=False):
@@ -93,7 +104,11 @@ class _Immutable:
 
 
 class Shape(_Immutable):
-  """An ordered list of dimensions with distinct names.
+  """An ordered list of dimensions, none of them repeated.
+
+  As in the original, only a repeated dimension (same name and size) is
+  refused; two dimensions of one name and different sizes make a valid
+  Shape, though operations that look dimensions up by name see the first.
 
   Example:
     >>> s = Shape([Dimension("batch", 4), Dimension("d", 8)])
@@ -105,13 +120,12 @@ class Shape(_Immutable):
 
   def __init__(self, dims):
     dims = tuple(convert_to_dimension(d) for d in dims)
-    names = [d.name for d in dims]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
+    if len(set(dims)) != len(dims):
+      duplicates = sorted({d.name for d in dims if dims.count(d) > 1})
       raise errors.ShapeError(
-          f"Shape {list(dims)} has duplicate dimension names {duplicates}; "
-          "every dimension of a shape needs its own name (rename one, e.g. "
-          "with mtf.rename_dimension).")
+          f"Shape {list(dims)} has duplicate dimension names {duplicates} "
+          "(the same dimension twice); every dimension of a shape needs its "
+          "own name (rename one, e.g. with mtf.rename_dimension).")
     self._init_field("_dims", dims)
 
   @property
@@ -150,10 +164,10 @@ class Shape(_Immutable):
     """Appends a Dimension, a Shape or a list of dimensions."""
     if isinstance(other, Dimension):
       return Shape(self._dims + (other,))
-    return Shape(self._dims + tuple(convert_to_shape(other)._dims))
+    return Shape(self._dims + tuple(_shape_to_add(other, self)._dims))
 
   def __radd__(self, other):
-    return convert_to_shape(other) + self
+    return _shape_to_add(other, self) + self
 
   def __sub__(self, other):
     """Removes dimensions.
@@ -272,6 +286,13 @@ def convert_to_shape(x):
         f"Cannot convert {x!r} to a Shape: expected a Shape, a list of "
         "Dimensions or (name, size) pairs, or a string like 'a:4,b:8'.") from None
   return Shape(items)
+
+
+def _shape_to_add(other, shape):
+  if other is None:
+    raise TypeError(f"Cannot add None to {shape}: expected a Dimension, a "
+                    "Shape or a list of dimensions.")
+  return convert_to_shape(other)
 
 
 def dimension_of(shape, dim, context):
@@ -559,9 +580,8 @@ class TensorLayout(_Immutable):
     return all(a is None for a in self._tensor_axis_to_mesh_axis)
 
   def mesh_axis_to_tensor_axis(self, mesh_ndims):
-    """For each mesh axis, the tensor axis split over it, or None."""
-    result = [None] * mesh_ndims
-    for tensor_axis, mesh_axis in enumerate(self._tensor_axis_to_mesh_axis):
-      if mesh_axis is not None:
-        result[mesh_axis] = tensor_axis
-    return tuple(result)
+    """For each of the first `mesh_ndims` mesh axes, the tensor axis split
+    over it, or None (mesh axes from `mesh_ndims` on are not reported)."""
+    axes = self._tensor_axis_to_mesh_axis
+    return tuple(axes.index(m) if m in axes else None
+                 for m in range(mesh_ndims))

@@ -17,12 +17,12 @@ import contextlib
 import weakref
 import zlib
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
+from mesh_tensorflow import tf_initializers
 
 
 def outer_context_is_eager():
@@ -126,27 +126,13 @@ class VariableStore:
 def default_initializer(name):
   """Glorot-uniform initialisation seeded by the variable name.
 
-  Seeding by name makes the initial value independent of the layout and of
-  how many times the program is traced, so every layout trains identically.
+  The original's default, `tf.compat.v1.glorot_uniform_initializer()`,
+  seeded by the name (see tf_initializers): the initial value is independent
+  of the layout and of how many times the program is traced, so every
+  layout trains identically.
   """
   seed = zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
-
-  def initializer(shape, dtype=tf.float32):
-    shape = list(shape)
-    receptive_field = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
-    if not shape:
-      fan_in = fan_out = 1
-    elif len(shape) == 1:
-      fan_in = fan_out = shape[0]
-    else:
-      fan_in = shape[-2] * receptive_field
-      fan_out = shape[-1] * receptive_field
-    limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
-    values = tf.random.stateless_uniform(
-        shape, seed=[seed, 0], minval=-limit, maxval=limit, dtype=tf.float32)
-    return tf.cast(values, dtype)
-
-  return initializer
+  return tf_initializers.seeded("glorot_uniform_initializer", seed)
 
 
 def initial_value(variable):

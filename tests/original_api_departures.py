@@ -3,6 +3,11 @@
 DEPARTURES maps "module.name" to the reason (TF1-only names that cannot mean
 anything on TF2, ...); each is also listed in CONTRIBUTING.md. PENDING holds
 names still being brought in line: it must shrink to nothing.
+
+ORIGINAL_TESTS_EXPECTED_TO_FAIL maps a test of the original's own suite
+("file::Class.method", as `tools/run_original_tests.sh --list-failures`
+names them) that fails against this package by design to the reason; the
+README's "Differences from the original" says the same.
 """
 
 _T2T = ("the original's t2t_vocabulary wraps tensor2tensor's text encoders; "
@@ -15,3 +20,27 @@ DEPARTURES = {
 
 PENDING = frozenset([
 ])
+
+_SPLIT_STACK = (
+    "ours lowers a split of the stacked dimension (stack keeps each "
+    "processor's block, unstack all-gathers first), which the original "
+    "refused, so the dimension is splittable here; exact under every "
+    "standard layout (tests/ops/test_stacking.py) and in random programs "
+    "(tests/random_programs.py)")
+ORIGINAL_TESTS_EXPECTED_TO_FAIL = {
+    "mesh_tensorflow/ops_test.py::OperationSplittabilityTest."
+    "testStackOperation": _SPLIT_STACK,
+    "mesh_tensorflow/ops_test.py::OperationSplittabilityTest."
+    "testUnstackOperation": _SPLIT_STACK,
+    "mesh_tensorflow/ops_test.py::OperationSplittabilityTest."
+    "testPoolOperation": (
+        "ours pools a split spatial dimension when every slice holds whole "
+        "windows (else a LayoutError names the dimension), which the "
+        "original refused, so spatial dimensions are splittable here; exact "
+        "under the layouts of tests/ops/test_pooling.py and in random "
+        "programs (tests/random_programs.py)"),
+    "mesh_tensorflow/utils_test.py::UtilsTest.test_variable_placer": (
+        "TF variables are created when the graph is lowered, not by "
+        "mtf.get_variable: the test looks up the placed master variable "
+        "without lowering (a Lowering places it as the test expects)"),
+}

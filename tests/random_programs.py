@@ -4,8 +4,8 @@
 mesh and layout it is lowered onto, because every random choice depends on
 the seed and on tensor shapes only. Programs mix element-wise ops,
 broadcasting, einsum, reductions, concat / split / slice / pad / shift,
-renames and reshapes, gathers, and while-loop, recompute and custom-gradient
-bodies. `check(seed, mesh_shape, layout, mode)` runs one under a layout and
+stack / unstack, pooling, renames and reshapes, gathers, and while-loop,
+recompute and custom-gradient bodies. `check(seed, mesh_shape, layout, mode)` runs one under a layout and
 compares it with one processor: the answer must agree, or lowering must
 raise an mtf error that names a dimension of the program.
 """
@@ -185,6 +185,29 @@ class _Builder:
     return mtf.transpose(
         x, mtf.Shape([dims[i] for i in self.rng.permutation(len(dims))]))
 
+  def stack(self, x):
+    count = int(self.rng.choice([2, 4]))
+    parts = [x, mtf.tanh(x), x * 1.5, mtf.negative(x)][:count]
+    axis = int(self.rng.randint(x.shape.ndims + 1))
+    return mtf.stack(parts, self.new_name("k"), axis=axis)
+
+  def unstack(self, x):
+    dims = [d for d in x.shape.dims if 2 <= d.size <= 8]
+    if not dims:
+      return None
+    dim = dims[self.rng.randint(len(dims))]
+    parts = mtf.unstack(x, dim)
+    i, j = self.rng.randint(len(parts), size=2)
+    return parts[i] - 0.5 * parts[j]
+
+  def pool(self, x):
+    if x.shape.ndims < 3:
+      return None
+    spatial = x.shape.dims[-3:-1]
+    ksize = [2 if d.size >= 2 else 1 for d in spatial]
+    fns = [mtf.max_pool2d, mtf.avg_pool2d]
+    return fns[self.rng.randint(len(fns))](x, ksize)
+
   # Bodies.
 
   def chain(self, x, steps, shape_preserving=False):
@@ -267,7 +290,7 @@ class _Builder:
 
 _SIMPLE = ("unary", "binary", "einsum", "reduce", "softmax", "cumsum",
            "concat", "split", "slice", "pad", "shift", "rename", "reshape",
-           "gather", "transpose")
+           "gather", "transpose", "stack", "unstack", "pool")
 _PRESERVING = ("unary", "binary", "einsum", "reduce", "softmax", "cumsum",
                "concat", "slice", "pad", "shift", "transpose")
 _ALL = _SIMPLE + ("recompute", "custom", "loop")

@@ -26,6 +26,25 @@ def test_convert_to_dimension(value, expected):
   assert mtf.convert_to_dimension(value) == expected
 
 
+def test_convert_to_dimension_errors():
+  # Not a pair at all: TypeError, as in the original.
+  with pytest.raises(TypeError, match="5"):
+    mtf.convert_to_dimension(5)
+  with pytest.raises(mtf.ShapeError, match="'a', 2, 3"):
+    mtf.convert_to_dimension(("a", 2, 3))
+  with pytest.raises(mtf.ShapeError, match="integer size"):
+    mtf.convert_to_dimension(("a", 2.5))
+
+
+def test_shape_refuses_only_a_repeated_dimension():
+  with pytest.raises(mtf.ShapeError, match="duplicate dimension names"):
+    mtf.Shape([("a", 2), mtf.Dimension("a", 2)])
+  # One name, two sizes: allowed, as in the original.
+  shape = mtf.Shape([("a", 2), ("a", 3)])
+  assert shape.to_integer_list == [2, 3]
+  assert shape.dimension_names == ["a", "a"]
+
+
 @pytest.mark.parametrize("value", [
     "a:4,b:8", "a:4;b:8", "a:4 b:8", [("a", 4), ("b", 8)],
     [mtf.Dimension("a", 4), mtf.Dimension("b", 8)],
@@ -54,6 +73,8 @@ def test_shape_arithmetic():
   assert (s - a).dims == [b]
   assert (s - [a, c]).dims == [b]
   assert s - None == s
+  with pytest.raises(TypeError, match="None"):
+    s + None  # pylint: disable=pointless-statement
   with pytest.raises(mtf.ShapeError):
     s - c  # pylint: disable=pointless-statement
   assert s.size == 6
@@ -120,6 +141,11 @@ def test_tensor_layout():
   assert not layout.is_fully_replicated
   assert mtf.TensorLayout([None, None]).is_fully_replicated
   assert layout.mesh_axis_to_tensor_axis(3) == (2, 1, None)
+  # Mesh axes from mesh_ndims on are left out, as in the original.
+  wide = mtf.TensorLayout([0, 2, 1])
+  assert wide.mesh_axis_to_tensor_axis(0) == ()
+  assert wide.mesh_axis_to_tensor_axis(1) == (0,)
+  assert wide.mesh_axis_to_tensor_axis(2) == (0, 2)
   assert layout == (None, 1, 0)
   assert list(layout) == [None, 1, 0]
 

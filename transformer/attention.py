@@ -18,9 +18,9 @@ halo exchange puts before the first position; the "factorized" synthesizer
 multiplies a table over query positions by one over memory positions.
 """
 
-import zlib
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import tf_initializers
 import tensorflow as tf
 
 
@@ -350,19 +350,13 @@ class AttentionParams(object):
 
 
 def _seeded_normal_initializer(name, stddev):
-  """N(0, stddev^2), seeded by the variable's scoped name (like the
-  default initializer of `mtf.get_variable`), so that every layout and
-  every trace starts from the same values."""
-  scope = tf.compat.v1.get_variable_scope().name
-  full_name = f"{scope}/{name}" if scope else name
-  seed = zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
-
-  def initializer(shape, dtype=tf.float32):
-    values = tf.random.stateless_normal(list(shape), seed=[seed, 2],
-                                        stddev=stddev)
-    return tf.cast(values, dtype)
-
-  return initializer
+  """The original's tf.random_normal_initializer(stddev), seeded by the
+  variable's scoped name (like the default initializer of
+  `mtf.get_variable`), so that every layout and every trace starts from the
+  same values (see mtf.tf_initializers)."""
+  return tf_initializers.seeded("random_normal_initializer",
+                                tf_initializers.name_seed(name), stream=2,
+                                stddev=stddev)
 
 
 def _combined_dim(dims):

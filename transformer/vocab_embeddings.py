@@ -10,28 +10,23 @@ Random initial values are seeded by each variable's scoped name, so every
 layout starts from the same values (the original draws them unseeded).
 """
 
-import zlib
 
 import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import tf_initializers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.vocab_embeddings"
 
 
 def _normal_initializer(name, stddev=1.0):
-  """N(0, stddev^2), seeded by the scoped name variable `name` will get."""
-  scope = tf.compat.v1.get_variable_scope().name
-  full_name = f"{scope}/{name}" if scope else name
-  seed = zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
-
-  def initializer(shape, dtype=tf.float32):
-    return tf.cast(tf.random.stateless_normal(
-        list(shape), seed=[seed, 3], stddev=stddev), dtype)
-
-  return initializer
+  """The original's tf.random_normal_initializer(stddev), seeded by the
+  scoped name variable `name` will get (see mtf.tf_initializers)."""
+  return tf_initializers.seeded("random_normal_initializer",
+                                tf_initializers.name_seed(name), stream=3,
+                                stddev=stddev)
 
 
 def _leading_dims(ensemble_dim):

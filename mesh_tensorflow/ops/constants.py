@@ -84,17 +84,24 @@ class ImportLaidOutTensorOperation(graph_lib.Operation):
         raise TypeError(
             f"import_laid_out_tensor {self.name!r}: slice {i} has dtype "
             f"{s.dtype.name} but slice 0 has {dtype.name}.")
-      if not s.shape.is_fully_defined() or s.shape.rank != shape.ndims:
+      if isinstance(s.shape, tf.TensorShape) and (
+          not s.shape.is_fully_defined() or s.shape.rank != shape.ndims):
         raise errors.ShapeError(
             f"import_laid_out_tensor {self.name!r}: slice {i} has shape "
             f"{s.shape}, which is not a static shape of rank {shape.ndims} "
             f"as {shape} needs.")
     self._laid_out_tensor = laid_out_tensor
     self._outputs = [graph_lib.Tensor(self, shape, dtype)]
+    # As in the original, every dimension counts as unsplittable for
+    # automatic layout: the caller's slices already fix the layout.
+    self._initialize_splittable_and_unsplittable_dims("unsplittable")
 
   def check_splits(self, lowering):
-    """Checks the slices against the layout (called before lowering)."""
-    super().check_splits(lowering)
+    """Checks the slices against the layout (called before lowering).
+
+    Any layout is accepted as long as the slices fit it, so the base
+    class's refusal of unsplittable dimensions does not apply.
+    """
     impl = lowering.mesh_impl(self)
     shape = self._outputs[0].shape
     slices = self._laid_out_tensor.tensor_list
@@ -106,10 +113,12 @@ class ImportLaidOutTensorOperation(graph_lib.Operation):
           "for PlacementMeshImpl, one for SIMD).")
     want = impl.slice_shape(shape)
     for i, s in enumerate(slices):
-      if s.shape.as_list() != want:
+      got = (s.shape.as_list() if isinstance(s.shape, tf.TensorShape)
+             else s.shape)
+      if got != want:
         raise errors.LayoutError(
             f"import_laid_out_tensor {self.name!r}: slice {i} has shape "
-            f"{s.shape.as_list()}, but {shape} laid out by {impl!r} has "
+            f"{got}, but {shape} laid out by {impl!r} has "
             f"slices of shape {want}.")
 
   def lower(self, lowering):

@@ -149,6 +149,8 @@ class _ConvBase(graph_lib.Operation):
 
   _rank = None
   _kind = "conv"
+  # Dimensions refused by check_splits beyond the unsplittable marks.
+  _refused_splits = frozenset()
 
   def _validate(self, image_shape, filter_shape, strides, padding,
                 filter_image_channel_axis):
@@ -177,6 +179,18 @@ class _ConvBase(graph_lib.Operation):
           f"{filter_shape}.")
     self._unsplittable = [d.name for d in self._spatial_dims +
                           self._filter_spatial_dims]
+
+  def _mark_all_splittable_as_the_original(self):
+    """The original marked every dimension of its backprop operations
+    splittable (automatic layout reads the forward convolution's marks);
+    check_splits still refuses spatial splits, which these slicewise
+    lowerings cannot do."""
+    self._initialize_all_dimensions_as_splittable()
+    self._refused_splits = frozenset(self._unsplittable)
+
+  def check_splits(self, lowering):
+    super().check_splits(lowering)
+    self._refuse_splits(lowering, self._refused_splits)
 
   def _conv_shape(self, out_channels):
     """The output shape of the convolution of the validated input."""
@@ -302,8 +316,7 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
       self._check_dy_shape(dy.shape,
                            self._conv_shape(conv_filter.shape.dims[-1]))
     self._outputs = [graph_lib.Tensor(self, input_shape, dy.dtype)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", self._unsplittable)
+    self._mark_all_splittable_as_the_original()
 
   def gradient(self, grad_ys):
     g = grad_ys[0]
@@ -380,8 +393,7 @@ class Conv2or3dBackpropFilterOperation(_ConvBase):
     self._validate(image.shape, filter_shape, strides, padding, -2)
     self._check_dy_shape(grad.shape, self._conv_shape(filter_shape.dims[-1]))
     self._outputs = [graph_lib.Tensor(self, filter_shape, dy.dtype)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", self._unsplittable)
+    self._mark_all_splittable_as_the_original()
 
   def gradient(self, grad_ys):
     g = grad_ys[0]

@@ -32,6 +32,10 @@ class ReduceOperation(graph_lib.Operation):
   """Reduces `x` to `output_shape` (a subset of its dimensions)."""
 
   def __init__(self, x, output_shape, reduction_fn_string, name=None):
+    if isinstance(reduction_fn_string, str):
+      # The original named reductions in capitals and did not check the
+      # name until lowering; "sum" means "SUM" here.
+      reduction_fn_string = reduction_fn_string.upper()
     super().__init__([x], name=name or "reduce_" + reduction_fn_string.lower())
     output_shape = shape_lib.convert_to_shape(output_shape)
     extra = [d for d in output_shape if d not in x.shape.dims]
@@ -40,7 +44,8 @@ class ReduceOperation(graph_lib.Operation):
           f"{self.name}: output shape {output_shape} has dimensions {extra} "
           f"that input {x.name} {x.shape} does not have.")
     if reduction_fn_string not in _LOCAL_REDUCE:
-      raise ValueError(f"Unknown reduction {reduction_fn_string!r}.")
+      raise ValueError(f"Unknown reduction {reduction_fn_string!r}; use one "
+                       f"of {sorted(_LOCAL_REDUCE)} (any case).")
     self._reduction_fn_string = reduction_fn_string
     self._outputs = [graph_lib.Tensor(self, output_shape, x.dtype)]
 

@@ -90,8 +90,16 @@ class GenericGradOperation(graph_lib.Operation):
                      name=name or forward_op.name + "/generic_grad")
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype, index=i)
                      for i, x in enumerate(forward_op.inputs)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", forward_op.unsplittable_dims)
+    # As in the original, every dimension is marked splittable: automatic
+    # layout reads the forward operation's marks, and check_splits below
+    # applies them.
+    self._initialize_all_dimensions_as_splittable()
+
+  def check_splits(self, lowering):
+    """Refuses the splits the forward operation refuses: the gradient of
+    each slice is right exactly where the forward function was."""
+    super().check_splits(lowering)
+    self._refuse_splits(lowering, self._forward_op.unsplittable_dims)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)

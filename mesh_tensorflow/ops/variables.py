@@ -10,6 +10,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import variable_store
 
 
 _HOST = "/cpu:0"
@@ -175,8 +176,9 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
     dtype: a tf.DType or a VariableDType.
     master_dtype, slice_dtype, activation_dtype: override parts of dtype.
     initializer: fn(shape, dtype) -> full initial value (any TF or Keras
-      initializer), or a value. Default: Glorot uniform seeded by the
-      variable's name, so every layout starts from the same values.
+      initializer), or a value. Default: TF's Glorot uniform
+      (`tf.compat.v1.glorot_uniform_initializer`, looked up now) seeded by
+      the variable's name, so every layout starts from the same values.
     trainable: whether it is in `graph.trainable_variables`.
     **kwargs: accepted for compatibility with `tf.get_variable` arguments.
 
@@ -196,6 +198,10 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
           f"Variable {full_name!r} exists with shape {existing.shape}; it "
           f"cannot be reused with shape {shape}.")
     return existing.outputs[0]
+  if initializer is None:
+    # Chosen now, as the original did: a program that replaces TF's
+    # initializer while it builds its graph gets its replacement.
+    initializer = variable_store.default_initializer(full_name)
   return Variable(mesh, full_name, shape, variable_dtype, initializer,
                   trainable, **kwargs).outputs[0]
 

@@ -418,6 +418,24 @@ def test_split_spatial_dimension_raises_layout_error(split):
     mtf.Lowering(graph, {mesh: impl})
 
 
+def test_backprop_operations_mark_every_dimension_splittable():
+  # As the original's (automatic layout reads the forward convolution's
+  # marks); lowering still refuses a split spatial dimension.
+  graph, mesh, x, f = _graph_with_conv()
+  dy = mtf.zeros(mesh, "batch:8,h:4,w:4,cout:8")
+  ops = [mtf.Conv2or3dBackpropInputOperation(2, False, x.shape, f, dy,
+                                             (1, 1), "SAME"),
+         mtf.Conv2or3dBackpropFilterOperation(2, False, x, f.shape, dy,
+                                              (1, 1), "SAME")]
+  for op in ops:
+    assert op.splittable_dims == {"batch", "h", "w", "cin", "cout", "fh",
+                                  "fw"}
+    assert not op.unsplittable_dims
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "h:all")
+  with pytest.raises(mtf.LayoutError, match="conv2d_backprop_input.*'h'"):
+    mtf.Lowering(graph, {mesh: impl})
+
+
 def test_validation_errors():
   _, _, x, f = _graph_with_conv(f_dims="fh:3,fw:3,cother:8,cout:8")
   with pytest.raises(mtf.ShapeError, match="channel dimension"):

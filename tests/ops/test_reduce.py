@@ -236,6 +236,17 @@ def test_bad_reductions():
     mtf.reduce_sum(x, output_shape=_dims("a"), reduced_dim=_dims("b")[0])
 
 
+def test_reduce_operation_reduction_names():
+  # The original's names are capitals but its tests wrote "sum"; any case
+  # works, and an unknown name lists the known ones.
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.zeros(mesh, _dims("ab"))
+  op = mtf.ReduceOperation(x, mtf.Shape(_dims("b")), "sum")
+  assert op.reduction_fn_string == "SUM"
+  with pytest.raises(ValueError, match="'MEDIAN'.*'SUM'"):
+    mtf.ReduceOperation(x, mtf.Shape(_dims("b")), "median")
+
+
 @pytest.mark.parametrize("mode", mtf_testing.MODES)
 def test_lazy_sum_of_contraction(mode):
   """reduce_sum of a pending partial sum stays lazy: one allreduce."""

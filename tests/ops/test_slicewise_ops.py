@@ -107,3 +107,18 @@ def test_slicewise_operation_needs_matching_lists():
   with pytest.raises(mtf.ShapeError, match="one output shape per"):
     mtf.SlicewiseOperation(tf.identity, [x], [x.shape], [tf.float32,
                                                          tf.float32], [])
+
+
+def test_generic_gradient_marks_every_dimension_splittable():
+  # As in the original; the forward operation's refusals still apply when
+  # lowering.
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, "a:8,b:16")
+  y = mtf.slicewise(tf.exp, [x], splittable_dims=[x.shape[0]])
+  grad_op = mtf.GenericGradOperation(y.operation, [x])
+  assert grad_op.splittable_dims == {"a", "b"}
+  assert not grad_op.unsplittable_dims
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "b:all")
+  with pytest.raises(mtf.LayoutError, match="'b'"):
+    mtf.Lowering(graph, {mesh: impl})

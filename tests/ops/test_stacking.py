@@ -228,6 +228,17 @@ def test_import_laid_out_tensor(mesh_shape, layout, mode):
       {"x": (_x((8, 8, 3)), ["a", "b", "c"])}, mesh_shape, layout, mode)
 
 
+def test_import_laid_out_tensor_marks_every_dimension_unsplittable():
+  # As in the original (the slices fix the layout); lowering still accepts
+  # any layout they fit (test_import_laid_out_tensor).
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  y = constants.import_laid_out_tensor(
+      mesh, mtf.LaidOutTensor([tf.zeros([8, 2])]), "a:8,b:2")
+  assert y.operation.unsplittable_dims == {"a", "b"}
+  assert not y.operation.splittable_dims
+
+
 @pytest.mark.parametrize("make,error,match", [
     (lambda: [tf.zeros([8, 2])] * 8, TypeError, "LaidOutTensor"),
     (lambda: mtf.LaidOutTensor([]), ValueError, "no slices"),

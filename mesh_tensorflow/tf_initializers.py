@@ -1,0 +1,108 @@
+"""TensorFlow's initializers, seeded by a variable's name.
+
+The original's layers created their variables with TF1 initializers
+(`tf.compat.v1.random_normal_initializer(stddev=...)` and the like), called
+on the variable's full master shape; programs and tests written for it
+replace those names (a test mocks `tf.random_normal_initializer` to fix the
+initial values). We look the same names up when a layer asks for its
+initializer, build the initializer with a seed taken from the variable's
+name, and call it on the full shape.
+
+TF1's own seeded initializers draw with stateful random ops: in eager mode
+their values depend on how often the seed was used before in the process,
+so two layouts of one model would start apart. For TF's own classes we
+therefore draw the same distribution, with the TF1 object's parameters
+(defaults included), from TF's stateless random ops: the same values for
+the same seed and shape, on every layout and every trace. A replaced name
+(a user's initializer or a test's mock) is called as the original called
+it: with the parameters, without a seed.
+"""
+
+import math
+import zlib
+
+import tensorflow as tf
+from tensorflow.python.ops import init_ops  # pylint: disable=g-direct-tensorflow-import
+
+
+def _normal(config, shape, seed):
+  return tf.random.stateless_normal(shape, seed=seed, mean=config["mean"],
+                                    stddev=config["stddev"])
+
+
+def _truncated_normal(config, shape, seed):
+  return tf.random.stateless_truncated_normal(
+      shape, seed=seed, mean=config["mean"], stddev=config["stddev"])
+
+
+def _uniform(config, shape, seed):
+  maxval = config["maxval"]
+  return tf.random.stateless_uniform(
+      shape, seed=seed, minval=config["minval"],
+      maxval=1.0 if maxval is None else maxval)  # TF1's default: [0, 1).
+
+
+def _glorot_uniform(unused_config, shape, seed):
+  receptive_field = 1
+  for size in shape[:-2]:
+    receptive_field *= size
+  if not shape:
+    fan_in = fan_out = 1
+  elif len(shape) == 1:
+    fan_in = fan_out = shape[0]
+  else:
+    fan_in = shape[-2] * receptive_field
+    fan_out = shape[-1] * receptive_field
+  limit = math.sqrt(6.0 / max(1, fan_in + fan_out))
+  return tf.random.stateless_uniform(shape, seed=seed, minval=-limit,
+                                     maxval=limit)
+
+
+# TF1 name -> (TF's own TF1 class, its stateless draw).
+_DRAWS = {
+    "random_normal_initializer": (init_ops.RandomNormal, _normal),
+    "truncated_normal_initializer": (init_ops.TruncatedNormal,
+                                     _truncated_normal),
+    "random_uniform_initializer": (init_ops.RandomUniform, _uniform),
+    "glorot_uniform_initializer": (init_ops.GlorotUniform, _glorot_uniform),
+}
+
+
+def name_seed(name):
+  """A seed from the full name variable `name` gets in the current scope."""
+  scope = tf.compat.v1.get_variable_scope().name
+  full_name = f"{scope}/{name}" if scope else name
+  return zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
+
+
+def seeded(tf1_name, seed, stream=0, **kwargs):
+  """`tf.compat.v1.<tf1_name>(**kwargs)`, seeded and stateless if TF's own.
+
+  Args:
+    tf1_name: one of "random_normal_initializer",
+      "truncated_normal_initializer", "random_uniform_initializer",
+      "glorot_uniform_initializer".
+    seed: a Python int (see `name_seed`).
+    stream: a Python int; TF's own initializers draw with the stateless seed
+      [seed, stream] (layers keep apart the streams of their kinds of
+      variables).
+    **kwargs: the initializer's parameters (stddev, minval, ...).
+
+  Returns:
+    an initializer fn(shape, dtype) giving the full initial value (drawn in
+    float32, then cast to dtype).
+  """
+  if tf1_name not in _DRAWS:
+    raise ValueError(f"No seeded form of tf.compat.v1.{tf1_name}; use one of "
+                     f"{sorted(_DRAWS)}.")
+  factory = getattr(tf.compat.v1, tf1_name)
+  tf1_class, draw = _DRAWS[tf1_name]
+  if factory is not tf1_class:
+    return factory(**kwargs)
+  config = tf1_class(seed=seed, **kwargs).get_config()
+
+  def initializer(shape, dtype=tf.float32, **unused_kwargs):
+    values = draw(config, [int(s) for s in shape], [seed, stream])
+    return tf.cast(values, tf.as_dtype(dtype or tf.float32))
+
+  return initializer
