@@ -29,6 +29,7 @@ creates them, so they load under any mesh, layout or autostacking.
 import functools
 import weakref
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 
@@ -128,17 +129,34 @@ class SlicedVariableNode(ScopeNode):
       return self._storage.assign_slice(pnum, value)
 
   def assign_full(self, value):
-    """Eagerly gives every processor its slice of the full `value`."""
+    """Gives every processor its slice of the full `value` (a NumPy array).
+
+    Eager: at once; returns None. Compat graph mode: returns (op,
+    feed_dict) to run in a Session; the value is fed to a placeholder, not
+    embedded in the graph.
+    """
     with tf.init_scope():
+      feed = None
       with tf.device("/cpu:0"):
-        full = tf.cast(tf.convert_to_tensor(value), self._master_dtype)
+        if tf.executing_eagerly():
+          full = tf.convert_to_tensor(value)
+        else:
+          value = np.asarray(value)
+          full = tf.compat.v1.placeholder(tf.as_dtype(value.dtype),
+                                          value.shape)
+          feed = {full: value}
+        full = tf.cast(full, self._master_dtype)
       size = self._mesh_impl.slice_shape(self._shape)
+      ops = []
       for _, pnums in self.blocks():
         begin = self._mesh_impl.slice_begin(self._shape, pnums[0])
         with tf.device("/cpu:0"):
           block = tf.slice(full, begin, size) if size else full
         for pnum in pnums:
-          self.assign_block(pnum, block)
+          ops.append(self.assign_block(pnum, block))
+      if feed is None:
+        return None
+      return tf.group(*[op for op in ops if op is not None]), feed
 
   def blocks(self):
     """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
@@ -293,6 +311,9 @@ class ValueRestore:
     self._seen = set()
     self.restored = []
     self.missing = []
+    # Compat graph mode: the assignments to run, and their feeds.
+    self.graph_ops = []
+    self.feed_dict = {}
 
   @property
   def path(self):
@@ -326,5 +347,8 @@ class ValueRestore:
           f"Checkpoint {self._path}: variable {name!r} has shape {stored} "
           f"there, but the model's variable has shape "
           f"{node.shape.to_integer_list} ({node.shape}).")
-    node.assign_full(value)
+    pending = node.assign_full(value)
+    if pending is not None:
+      self.graph_ops.append(pending[0])
+      self.feed_dict.update(pending[1])
     self.restored.append(name)
