@@ -14,6 +14,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import run_checkpoints
 from mesh_tensorflow.transformer import run_inference
@@ -177,7 +178,8 @@ def score_from_dataset(estimator, vocabulary, batch_size, sequence_length,
     raise ValueError(f"Only scoring from a single dataset is supported, got "
                      f"{len(datasets)}.")
   scoring = transformer_dataset.EvalDataset(*datasets[0])
-  num_examples = sum(1 for _ in scoring.dataset_fn())
+  num_examples = sum(
+      1 for _ in host_values.numpy_iterator(scoring.dataset_fn()))
 
   def input_fn(params):
     del params

@@ -42,6 +42,7 @@ from mesh_tensorflow.estimator import checkpoints
 from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import export
 from mesh_tensorflow.estimator import graph_mode
+from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.estimator import inputs
 from mesh_tensorflow.estimator import mesh_impls
 from mesh_tensorflow.estimator import metrics as metrics_lib
@@ -390,12 +391,9 @@ class Estimator:
         accumulator = metrics_lib.Accumulator(reductions)
       accumulator.add(tf.nest.map_structure(lambda t: t.numpy(), outputs))
     results = self._eval_results(accumulator, int(global_step.numpy()))
-    writer = tf.summary.create_file_writer(self._eval_dir(name))
-    with writer.as_default(step=results["global_step"]):
-      for key, value in results.items():
-        if key != "global_step":
-          debug.write_scalar(key, value)
-    writer.flush()
+    host_values.write_scalars(
+        self._eval_dir(name), results["global_step"],
+        {k: v for k, v in results.items() if k != "global_step"})
     return results
 
   def _eval_program(self, mesh_impl, global_step, reductions):

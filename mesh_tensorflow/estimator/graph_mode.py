@@ -27,6 +27,7 @@ from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-direct-ten
 
 from mesh_tensorflow.estimator import checkpoints
 from mesh_tensorflow.estimator import export
+from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.estimator import inputs
 from mesh_tensorflow.estimator import mesh_impls
 from mesh_tensorflow.estimator import metrics as metrics_lib
@@ -193,7 +194,7 @@ def evaluate(est, input_fn, steps, checkpoint_path, name):
     results = est._eval_results(accumulator, call.step())  # pylint: disable=protected-access
   finally:
     call.close()
-  write_scalars(est._eval_dir(name), results["global_step"],  # pylint: disable=protected-access
+  host_values.write_scalars(est._eval_dir(name), results["global_step"],  # pylint: disable=protected-access
                 {k: v for k, v in results.items() if k != "global_step"})
   return results
 
@@ -270,17 +271,3 @@ def export_saved_model(est, export_dir_base, serving_input_receiver_fn,
       builder.save()
   tf.io.gfile.rename(temp, final)
   return final.encode()
-
-
-def write_scalars(directory, step, scalars):
-  """Writes {tag: float} at `step` into `directory`'s events (in a graph
-  of their own: eager summary writers need eager execution)."""
-  with tf.Graph().as_default():
-    writer = tf.summary.create_file_writer(directory)
-    with writer.as_default(step=step):
-      for tag, value in scalars.items():
-        debug.write_scalar(tag, value)
-    with tf.compat.v1.Session() as session:
-      session.run(writer.init())
-      session.run(tf.compat.v1.summary.all_v2_summary_ops())
-      session.run(writer.flush())
