@@ -102,6 +102,20 @@ def test_each_mode_resumes_the_others_checkpoint(run):
   assert int(graph.get_variable_value("global_step")) == 30
 
 
+def test_warm_start_in_a_tf1_program(run, tmp_path):
+  work = run[0]
+  # The TF1 program warm-started "warm" from "graph" at step 20 and trained
+  # one step; "eager" at step 20 holds the same values.
+  eager = toy_model.make_estimator(
+      tmp_path, init_checkpoint=str(work / "eager" / "model.ckpt-20"),
+      **toy_model.MODE_SETTINGS)
+  eager.train(toy_model.input_fn, steps=1)
+  warm = toy_model.make_estimator(work / "warm")
+  assert int(warm.get_variable_value("global_step")) == 21
+  toy_model.assert_same_variables(toy_model.variables(warm),
+                                  toy_model.variables(eager))
+
+
 def test_evaluate_predict_and_export(run):
   work, _, eager_variables, results, _ = run
   del eager_variables

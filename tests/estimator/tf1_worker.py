@@ -4,7 +4,8 @@ Usage: python -m tests.estimator.tf1_worker WORK_DIR
 
 Disables v2 behaviour before anything else, as the original's binaries did,
 then, under WORK_DIR: trains "graph" for STEPS steps, resumes "eager" (which
-the calling test trained eagerly) for RESUME_STEPS more, evaluates,
+the calling test trained eagerly) for RESUME_STEPS more, warm-starts "warm"
+from "graph" for one step, evaluates,
 predicts and exports "graph" and serves the export with a TF1 loader,
 trains and evaluates a TPUEstimator(use_tpu=False), and tries a SIMD mesh.
 Writes what it saw to WORK_DIR/results.json.
@@ -38,6 +39,13 @@ def train(model_dir, steps):
   return recorder.losses
 
 
+def train_warm(model_dir, init_checkpoint):
+  """Trains one step from `init_checkpoint` (RunConfig init_checkpoint)."""
+  toy_model.make_estimator(model_dir, init_checkpoint=init_checkpoint,
+                           **toy_model.MODE_SETTINGS).train(
+                               toy_model.input_fn, steps=1)
+
+
 def serve_tf1(export_dir):
   """The export's "out" for toy_model.INPUTS, through the TF1 loader."""
   with tf.Graph().as_default(), tf.compat.v1.Session() as session:
@@ -55,6 +63,8 @@ def main(work_dir):
   results = {"graph_losses": train(os.path.join(work_dir, "graph"), STEPS),
              "resumed_losses": train(os.path.join(work_dir, "eager"),
                                      RESUME_STEPS)}
+  # Warm start (values by name, fed in the Session) from the run at STEPS.
+  train_warm(os.path.join(work_dir, "warm"), os.path.join(work_dir, "graph"))
   est = toy_model.make_estimator(os.path.join(work_dir, "graph"),
                                  **toy_model.MODE_SETTINGS)
   results["evaluate"] = est.evaluate(toy_model.eval_input_fn)
