@@ -16,7 +16,10 @@ is filled when the first lowering creates it.
 
 In `tf.compat.v1` graph mode each mtf variable also has a master variable
 named exactly like it; `tf.compat.v1.train.Saver` saves those, after
-`Lowering.copy_slices_to_masters()`, as in the original library.
+`Lowering.copy_slices_to_masters()`, as in the original library. The
+slices are tracked in graph mode too, under a node of the graph
+(`VariableStore.checkpoint_root()`), so `tf.train.Checkpoint` run in a
+Session writes the eager keys (the estimator's graph mode does).
 `load_variables` reads either kind of checkpoint back by mtf name.
 
 The original library's checkpoints are name-based (`tf.compat.v1.train.Saver`

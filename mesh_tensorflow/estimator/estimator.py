@@ -27,6 +27,13 @@ The mesh implementation is a PlacementMeshImpl, a SimdMeshImpl with host
 collectives, or (mesh_impl "tpu") a SimdMeshImpl with TPU collectives
 whose steps run through a TPUStrategy, made once per estimator; the loop is
 the same for all three (see mesh_impls.mesh_runner).
+
+In a TF1-style program (eager execution disabled) each call builds a
+tf.Graph and runs it in a Session instead (graph_mode.py; placement meshes
+only). Each public method decides the mode once, with
+`tf.executing_eagerly()`; the model_fn calls, the training step, the loop
+driver, metrics and checkpoints are shared, so both modes write the same
+checkpoints and summaries and resume each other's runs.
 """
 
 import inspect
