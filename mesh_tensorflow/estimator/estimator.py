@@ -232,7 +232,8 @@ class Estimator:
     graph_mode); either resumes the other's checkpoints.
 
     saving_listeners get tf.estimator's CheckpointSaverListener calls
-    (begin, before_save, after_save, end; the session argument is None); an
+    (begin, before_save, after_save, end; the session argument is the
+    graph mode's Session, None when eager); an
     after_save returning True stops training. Of `hooks`, those with an
     `after_loop(step, loss)` method are called after each training loop
     (e.g. a progress display); SessionRunHooks are ignored, with a warning.
@@ -272,9 +273,9 @@ class Estimator:
     def save(step):
       """Saves; True if a listener asks to stop."""
       for listener in listeners:
-        listener.before_save(None, step)
+        listener.before_save(run.session, step)
       run.checkpointer.save(step)
-      return any([bool(listener.after_save(None, step))
+      return any([bool(listener.after_save(run.session, step))
                   for listener in listeners])
 
     logger = step_logger.StepLogger(run.write_scalar, start,
@@ -309,7 +310,7 @@ class Estimator:
     if step != saved or self.latest_checkpoint() is None:
       save(step)
     for listener in listeners:
-      listener.end(None, step)
+      listener.end(run.session, step)
     logging.info("Loss for final step: %s.", loss)
 
   def _train_step(self, mesh_impl, global_step, writer):
@@ -324,7 +325,9 @@ class Estimator:
     """
     host_call_fns = []
     train_ops = []
-    graph = not tf.inside_function()
+    # Made eagerly for a tf.function (which runs every stateful op), or in
+    # graph mode, where `increment` must depend on them.
+    graph = not tf.executing_eagerly()
 
     def model_program(features, labels):
       # Summaries come out of the program and are written by the step: a
@@ -537,6 +540,7 @@ class _EagerTraining:
     (self._mesh_impl, self._global_step, self.checkpointer,
      self._restored) = est._start(ModeKeys.TRAIN)  # pylint: disable=protected-access
     self.start_step = self.step()
+    self.session = None  # (saving listeners' argument)
     self._writer = None
 
   def step(self):

@@ -34,6 +34,10 @@ from mesh_tensorflow.estimator import metrics as metrics_lib
 from mesh_tensorflow.estimator.mode_keys import ModeKeys
 from mesh_tensorflow.ops import debug
 
+# This module is the Estimator's graph-mode half: it calls the Estimator's
+# internal methods (model_fn calls, programs, restore).
+# pylint: disable=protected-access
+
 
 def check_mesh_impl(config):
   """Raises unless `config`'s mesh implementation runs in graph mode."""
@@ -57,7 +61,7 @@ class _Call:
     self._mode = mode
     self.graph = tf.Graph()
     with self.graph.as_default():
-      self.mesh_impl = est._make_mesh_impl(mode)  # pylint: disable=protected-access
+      self.mesh_impl = est._make_mesh_impl(mode)
       self.global_step = mesh_impls.new_global_step(self.mesh_impl)
       self.step_value = self.global_step.read_value()
     self.session = None
@@ -78,8 +82,8 @@ class _Call:
             self.mesh_impl.variable_store.tf_variables()),
         tf.compat.v1.tables_initializer(),
         summary_ops_v2.summary_writer_initializer_op()])
-    restored = est._restore(self._mode, self.checkpointer, checkpoint_path)  # pylint: disable=protected-access
-    est._log_start(self._mode, self.mesh_impl, self.step())  # pylint: disable=protected-access
+    restored = est._restore(self._mode, self.checkpointer, checkpoint_path)
+    est._log_start(self._mode, self.mesh_impl, self.step())
     return restored
 
   def step(self):
@@ -115,16 +119,16 @@ class Training:
           "execution on).")
     with self._call.graph.as_default():
       dataset = inputs.call_input_fn(
-          input_fn, est._input_params(ModeKeys.TRAIN))  # pylint: disable=protected-access
+          input_fn, est._input_params(ModeKeys.TRAIN))
       self._iterator, (features, labels) = _iterator(dataset)
       self._writer = tf.summary.create_file_writer(est.model_dir)
-      self._loss, self._increment = est._train_step(  # pylint: disable=protected-access
+      self._loss, self._increment = est._train_step(
           self._call.mesh_impl, self._call.global_step, self._writer)(
               features, labels)
       self._call.start(max_to_keep=config.keep_checkpoint_max)
     self.checkpointer = self._call.checkpointer
+    self.session = self._call.session
     self.start_step = self.step()
-    self._model_dir = est.model_dir
 
   def step(self):
     return self._call.step()
@@ -170,14 +174,14 @@ class Training:
 
 def evaluate(est, input_fn, steps, checkpoint_path, name):
   """Estimator.evaluate in a graph and Session."""
-  path = est._require_checkpoint(checkpoint_path)  # pylint: disable=protected-access
+  path = est._require_checkpoint(checkpoint_path)
   call = _Call(est, ModeKeys.EVAL)
   try:
     with call.graph.as_default():
       iterator, (features, labels) = _iterator(
-          est._eval_dataset(input_fn, steps))  # pylint: disable=protected-access
+          est._eval_dataset(input_fn, steps))
       reductions = {}
-      outputs = est._eval_program(  # pylint: disable=protected-access
+      outputs = est._eval_program(
           call.mesh_impl, call.global_step, reductions)(features, labels)
       call.start(path)
     call.session.run(iterator.initializer)
@@ -191,26 +195,27 @@ def evaluate(est, input_fn, steps, checkpoint_path, name):
       if accumulator is None:
         accumulator = metrics_lib.Accumulator(reductions)
       accumulator.add(values)
-    results = est._eval_results(accumulator, call.step())  # pylint: disable=protected-access
+    results = est._eval_results(accumulator, call.step())
   finally:
     call.close()
-  host_values.write_scalars(est._eval_dir(name), results["global_step"],  # pylint: disable=protected-access
-                {k: v for k, v in results.items() if k != "global_step"})
+  host_values.write_scalars(
+      est._eval_dir(name), results["global_step"],
+      {k: v for k, v in results.items() if k != "global_step"})
   return results
 
 
 def predict(est, input_fn, predict_keys, checkpoint_path):
   """Yields the predictions of each batch as NumPy (graph and Session)."""
-  path = est._require_checkpoint(checkpoint_path)  # pylint: disable=protected-access
+  path = est._require_checkpoint(checkpoint_path)
   call = _Call(est, ModeKeys.PREDICT)
   try:
     # Not a generator inside graph.as_default(): the graph would stay the
     # caller's default between batches.
     with call.graph.as_default():
       dataset = inputs.call_input_fn(
-          input_fn, est._input_params(ModeKeys.PREDICT))  # pylint: disable=protected-access
+          input_fn, est._input_params(ModeKeys.PREDICT))
       iterator, (features, _) = _iterator(dataset)
-      predictions = est._predict_program(  # pylint: disable=protected-access
+      predictions = est._predict_program(
           call.mesh_impl, call.global_step, predict_keys)(features)
       call.start(path)
     call.session.run(iterator.initializer)
@@ -239,7 +244,7 @@ def export_saved_model(est, export_dir_base, serving_input_receiver_fn,
                                                    name=spec.name)
                for spec in receiver.signature()}
     with tf.device("/device:CPU:0"):
-      predictions = dict(est._predict_program(  # pylint: disable=protected-access
+      predictions = dict(est._predict_program(
           mesh_impl, global_step, None, layout="")(
               receiver.features_from(tensors)))
       if receiver.postprocess is not None:
