@@ -15,6 +15,7 @@ On the mesh "rows:2;cols:2" with rules "batch:rows", a tensor
 along "cols".
 """
 
+from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import errors
@@ -227,6 +228,23 @@ class LaidOutVariable:
     raise NotImplementedError(_missing(self, "storage"))
 
 
+# The sets of ignored rules already logged (each is logged once a process).
+_LOGGED_MISSING_RULES = set()
+
+
+def _log_rules_for_missing_mesh_dimensions(layout_rules, mesh_shape):
+  """Logs, once per distinct set, the rules naming absent mesh dimensions."""
+  mesh_names = set(mesh_shape.dimension_names)
+  missing = tuple((t, m) for t, m in layout_rules if m not in mesh_names)
+  if not missing or missing in _LOGGED_MISSING_RULES:
+    return
+  _LOGGED_MISSING_RULES.add(missing)
+  logging.info(
+      "Ignoring layout rules for mesh dimensions this mesh lacks: %s "
+      "(mesh %s).", ";".join(f"{t}:{m}" for t, m in missing),
+      mesh_shape.to_string)
+
+
 def _missing(obj, member):
   return (f"{type(obj).__name__}.{member} is not implemented: a mesh "
           "implementation must provide it.")
@@ -254,8 +272,9 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     shape: the mesh shape, e.g. "rows:2;cols:4" or a list of Dimensions.
     layout_rules: e.g. "batch:rows;hidden:cols" or a LayoutRules.
 
-  Raises:
-    LayoutError: a rule names a mesh dimension the mesh does not have.
+  A rule naming a mesh dimension the mesh lacks is ignored, as in the
+  original (T5's default rules name "ensemble", which most meshes lack); such
+  rules are logged once at INFO, so that a typo can still be seen.
   """
 
   LaidOutTensor = LaidOutTensor
@@ -266,13 +285,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
   def __init__(self, shape, layout_rules):
     self._shape = shape_lib.convert_to_shape(shape)
     self._layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
-    mesh_names = self._shape.dimension_names
-    for tensor_dim, mesh_dim in self._layout_rules:
-      if mesh_dim not in mesh_names:
-        raise errors.LayoutError(
-            f"Layout rule {tensor_dim}:{mesh_dim} names mesh dimension "
-            f"{mesh_dim!r}, which mesh {self._shape.to_string} does not have "
-            f"(its dimensions are {mesh_names}).")
+    _log_rules_for_missing_mesh_dimensions(self._layout_rules, self._shape)
     self._counter_fn = None
     self._variable_store = None
 

@@ -468,8 +468,8 @@ class LayoutRules(_Immutable):
     """The index in `mesh_shape` that `tensor_dimension` is split over.
 
     Returns None for a replicated dimension, or when the rule names a mesh
-    dimension the mesh does not have (mesh implementations reject such rules
-    when built).
+    dimension the mesh does not have: such a rule is ignored, as in the
+    original (mesh implementations log it once when built).
     """
     mesh_dim_name = self.mesh_dimension_for(
         convert_to_dimension(tensor_dimension).name)

@@ -43,9 +43,15 @@ def test_einsum_size_mismatch_names_dimension():
     mtf.einsum([x, w], output_shape="a:4,c:2")
 
 
-def test_unknown_mesh_dimension_in_layout_rule():
-  with pytest.raises(mtf.LayoutError, match="'rows'.*Shape\\[all=8\\]"):
-    mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "batch:rows")
+def test_rule_for_a_mesh_dimension_the_mesh_lacks_is_no_error():
+  # The original ignores it (T5's default rules name "ensemble"); the other
+  # layout errors still name the rule at fault.
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  mtf.zeros(mesh, "a:8,b:6")
+  _lower(graph, mesh, "all:2", "a:all;b:rows")
+  with pytest.raises(mtf.IndivisibleError, match="'b' \\(size 6\\)"):
+    _lower(graph, mesh, "all:4", "b:all;a:rows")
 
 
 def test_duplicate_dimension_names():

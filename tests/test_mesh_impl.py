@@ -47,8 +47,12 @@ def test_mesh_impl_answers_layout_questions():
   assert not impl.supports_autostack
   with pytest.raises(mtf.IndivisibleError, match="'other'"):
     mtf.MeshImpl("all:2", "other:all").slice_shape(shape)
-  with pytest.raises(mtf.LayoutError, match="'model'"):
-    mtf.MeshImpl("all:2", "hidden:model")
+  # A rule naming a mesh dimension the mesh lacks is ignored (as in the
+  # original): "hidden" stays whole.
+  lacking = mtf.MeshImpl("all:2", "hidden:model")
+  assert lacking.tensor_dimension_to_mesh_axis(mtf.Dimension("hidden", 4)) is (
+      None)
+  assert lacking.slice_shape("hidden:4") == [4]
   with pytest.raises(NotImplementedError, match=r"MeshImpl\.devices"):
     impl.devices  # pylint: disable=pointless-statement
 

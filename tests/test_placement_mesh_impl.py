@@ -7,6 +7,7 @@ on every processor is compared with a NumPy model of its grouping.
 
 import logging
 
+from absl import logging as absl_logging
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -314,10 +315,40 @@ def test_wrong_number_of_devices_raises(num_devices):
     PlacementMeshImpl("rows:2;cols:4", "", devices=["/cpu:0"] * num_devices)
 
 
-def test_layout_rule_with_unknown_mesh_dimension_raises():
-  with pytest.raises(mtf.LayoutError, match="'model'") as info:
-    PlacementMeshImpl("rows:2;cols:4", "batch:rows;hidden:model")
-  assert "hidden:model" in str(info.value)
+def test_rules_for_mesh_dimensions_the_mesh_lacks_are_ignored(caplog):
+  # As in the original: T5's default rules name "ensemble" and "experts",
+  # which a "model:1,batch:1" mesh lacks. The answer is that of the rules
+  # without them, and the ignored rules are logged once at INFO.
+  def build(mesh):
+    x = mtf_testing.import_array(
+        mesh, np.arange(32, dtype=np.float32).reshape(8, 4),
+        [mtf.Dimension("batch", 8), mtf.Dimension("hidden", 4)])
+    w = mtf.get_variable(mesh, "w", "hidden:4,out:2",
+                         initializer=tf.ones_initializer())
+    return {"y": mtf.einsum([x, w], output_shape="batch:8,out:2")}, None, {}
+
+  lacking = "batch:rows;hidden:hidnen_typo;out:ensemble_h24"
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  try:
+    with caplog.at_level(logging.INFO):
+      got, _ = mtf_testing.run_program("rows:2;cols:4", lacking, "eager",
+                                       build)
+      PlacementMeshImpl("rows:2;cols:4", lacking)  # Not logged again.
+  finally:
+    absl_logging.set_verbosity(verbosity)
+  want, _ = mtf_testing.run_program("rows:2;cols:4", "batch:rows",
+                                    "eager", build)
+  np.testing.assert_array_equal(got["y"], want["y"])
+  assert got["y"][0].tolist() == [6.0, 6.0]
+  logged = [r.getMessage() for r in caplog.records
+            if "this mesh lacks" in r.getMessage()]
+  assert logged == [
+      "Ignoring layout rules for mesh dimensions this mesh lacks: "
+      "hidden:hidnen_typo;out:ensemble_h24 (mesh Shape[rows=2, cols=4])."
+  ], logged
+  assert all(r.levelno == logging.INFO for r in caplog.records
+             if "this mesh lacks" in r.getMessage())
 
 
 def _nccl_graph_op_types(devices, algorithm):

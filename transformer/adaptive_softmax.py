@@ -297,26 +297,30 @@ def adaptive_softmax_loss_fn(decoder, context, logits, targets,
                              output_vocab_dim):
   """A Unitransformer loss_fn for an AdaptiveSoftmaxVocabEmbedding.
 
-  In training `logits` are the last layer's hidden states (see
-  `AdaptiveSoftmaxVocabEmbedding.hidden_to_logits`) and the embedding
-  computes the loss; otherwise they are log-probabilities over the
-  vocabulary and the loss is their mean cross entropy (the original took
-  them for hidden states there too, which failed).
+  Given hidden states (`logits` without `output_vocab_dim`, as
+  `AdaptiveSoftmaxVocabEmbedding.hidden_to_logits` returns them in
+  training), the shared embedding computes the adaptive loss, in any mode
+  as in the original. Given log-probabilities over the vocabulary (what
+  the embedding returns outside training), the loss is their mean cross
+  entropy (the original took them for hidden states too, which failed).
 
   Args:
     decoder: a Unitransformer.
     context: a transformer.Context.
-    logits: hidden states (training) or log-probabilities.
+    logits: hidden states [..., d_model] or log-probabilities
+      [..., output_vocab_dim].
     targets: int32 target ids.
-    output_vocab_dim: the vocabulary Dimension.
+    output_vocab_dim: the vocabulary Dimension; may be None with hidden
+      states.
 
   Returns:
     a scalar Tensor.
 
   Raises:
-    ValueError: in training, no AdaptiveSoftmaxVocabEmbedding made logits.
+    ValueError: hidden states, but no AdaptiveSoftmaxVocabEmbedding made
+      them.
   """
-  if context.mode != mode_keys.ModeKeys.TRAIN:
+  if output_vocab_dim is not None and output_vocab_dim in logits.shape.dims:
     soft_targets = mtf.one_hot(targets, output_vocab_dim,
                                dtype=context.activation_dtype)
     loss = mtf.layers.softmax_cross_entropy_with_logits(

@@ -25,6 +25,8 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
+# TF's own Glorot initializer, to tell whether a program replaced the name.
+_TF_GLOROT_UNIFORM = tf.compat.v1.glorot_uniform_initializer
 
 
 def _mask_padding(context, x):
@@ -132,6 +134,19 @@ class Conv1D(transformer.TransformerLayer):
     return shifted + mtf.one_hot(position, filter_dim, dtype=dtype) * x
 
 
+def _glorot_uniform_initializer():
+  """The kernel initializer of Conv1DLayer, chosen when the layer is called.
+
+  The original called tf.compat.v1.glorot_uniform_initializer() there, so a
+  program (or test) that replaced that name got its own initializer: call
+  a replacement the same way. TF's own gives None, the default of
+  `mtf.get_variable`: Glorot uniform seeded by the variable name, so that
+  every layout starts from the same kernel.
+  """
+  factory = tf.compat.v1.glorot_uniform_initializer
+  return None if factory is _TF_GLOROT_UNIFORM else factory()
+
+
 @gin.configurable(module=_GIN_MODULE)
 class Conv1DLayer(Conv1D):
   """A 1-D convolution over the length, the model dimension as channels.
@@ -175,13 +190,14 @@ class Conv1DLayer(Conv1D):
     x = mtf.replace_dimensions(
         x, model_dim, mtf.Dimension("input_dim", model_dim.size))
     # An explicit name, so that the first-part and incremental calls of one
-    # model share the kernel. The original's initializer is Glorot uniform;
-    # the default here is the same, seeded by the variable name so that
-    # every layout starts from the same kernel.
+    # model share the kernel. A context without a variable_dtype (the
+    # original never read it here) gets float32.
     output = mtf.layers.conv1d(
         x, output_dim=mtf.Dimension(model_dim.name, self._output_size),
         filter_size=self._filter_size, padding=padding,
-        variable_dtype=context.variable_dtype, name="conv2d")
+        filter_initializer=_glorot_uniform_initializer(),
+        variable_dtype=getattr(context, "variable_dtype", None),
+        name="conv2d")
     if context.mode == transformer.INCREMENTAL:
       # The VALID convolution leaves one position: drop it.
       (one,) = [d for d in output.shape.dims if d.name == "length"]

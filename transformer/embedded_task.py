@@ -20,8 +20,8 @@ For `utils.run` (see gin/problems/addition.gin):
 - `addition_train_dataset_fn`: encoded, EOS-terminated, packed (or padded)
   int32 examples, as `dataset.packed_parallel_tsv_dataset` gives them;
 - `addition_eval_dataset_fn`: one `dataset.EvalDataset` of a fixed number of
-  held-out examples, padded, with their text ("inputs_plaintext",
-  "targets_plaintext"), scored by `exact_match` and `digit_accuracy`;
+  held-out examples, padded, with their text ("inputs_pretokenized",
+  "targets_pretokenized"), scored by `exact_match` and `digit_accuracy`;
 - `addition_vocabulary`: the vocabulary (UTF-8 bytes).
 """
 
@@ -187,7 +187,7 @@ def _encoded(split, max_digits, seed, vocabulary, pad_to=None,
     split, max_digits, seed: as addition_dataset.
     vocabulary: a Vocabulary, or an (inputs, targets) pair.
     pad_to: None (variable lengths) or a dict of lengths to pad to.
-    keep_text: whether to keep the sums as "<key>_plaintext" strings.
+    keep_text: whether to keep the sums as "<key>_pretokenized" strings.
   Returns:
     a tf.data.Dataset of single examples.
   """
@@ -203,7 +203,7 @@ def _encoded(split, max_digits, seed, vocabulary, pad_to=None,
         ids = ids.to_tensor(shape=[None, pad_to[k]])
       encoded[k] = ids
       if keep_text:
-        encoded[k + "_plaintext"] = sums[k]
+        encoded[k + "_pretokenized"] = sums[k]
     return encoded
 
   return _sum_chunks(split, max_digits, seed).map(
@@ -270,7 +270,7 @@ def addition_eval_dataset_fn(sequence_length, vocabulary,
     a list of one dataset.EvalDataset named "addition" whose dataset_fn
     gives `num_eval_examples` unpacked examples: int32 "inputs" and
     "targets" padded to their lengths (ending in EOS=1), and the strings
-    "inputs_plaintext" and "targets_plaintext"; metrics exact_match and
+    "inputs_pretokenized" and "targets_pretokenized"; metrics exact_match and
     digit_accuracy.
   Raises:
     ValueError: if a sequence length cannot hold the longest sums.

@@ -20,7 +20,7 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
   """A memory of n_keys ** 2 values read through product keys.
 
   Variables (under the layer's scope): "keys" [n_heads, product_key=2,
-  n_keys, key=key_size/2], "values" [n_values, d_model] and the dense
+  n_keys, key=key_size//2], "values" [n_values, d_model] and the dense
   query projection "query" (with bias). Each head reads `knn` values,
   weighted by the softmax of their scores; the heads' readings are summed.
   """
@@ -33,8 +33,9 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
     """Creates a ProductKeyValueMemory layer.
 
     Args:
-      key_size: an even integer, the size of a whole (product) key; each
-        sub-key has key_size / 2 entries.
+      key_size: an integer >= 2, the size of a whole (product) key; each
+        sub-key has key_size // 2 entries (an odd key_size rounds down,
+        as in the original).
       n_keys: an integer, the number of sub-keys of each half; the memory
         holds n_keys ** 2 values.
       n_heads: an integer, the number of independent reads.
@@ -47,9 +48,10 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
                         ("n_heads", n_heads), ("knn", knn)):
       if value is gin.REQUIRED:
         raise ValueError(f"ProductKeyValueMemory needs {name}.")
-    if key_size % 2:
-      raise ValueError("ProductKeyValueMemory: key_size must be even (it is "
-                       f"split into two sub-keys), got {key_size}.")
+    if key_size < 2:
+      raise ValueError("ProductKeyValueMemory: key_size must be at least 2 "
+                       "(it is split into two sub-keys of key_size // 2), "
+                       f"got {key_size}.")
     if not 0 < knn <= n_keys:
       raise ValueError(f"ProductKeyValueMemory: knn={knn} must be in "
                        f"[1, n_keys={n_keys}].")

@@ -23,18 +23,8 @@ from mesh_tensorflow.transformer import run_inference
 from mesh_tensorflow.transformer import run_model_fn
 
 
-def _text(value):
-  return tf.compat.as_text(value) if isinstance(value, bytes) else str(value)
-
-
-def _postprocess(eval_dataset, text, example, is_target=False):
-  if eval_dataset.postprocess_fn is None:
-    return text
-  try:
-    return eval_dataset.postprocess_fn(text, example=example,
-                                       is_target=is_target)
-  except TypeError:  # A postprocess_fn(text) of one argument.
-    return eval_dataset.postprocess_fn(text)
+_text = run_inference.as_text
+_postprocess = run_inference.postprocess_text
 
 
 def _batched_input_fn(eval_datasets, batch_size):
@@ -71,8 +61,10 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size,
     dataset_split: the split eval_dataset_fn reads.
     model_dir: the run's directory.
     eval_dataset_fn: (sequence_length, vocabulary, dataset_split) -> a list
-      of dataset.EvalDataset, whose examples carry "inputs_plaintext" and
-      "targets_plaintext".
+      of dataset.EvalDataset. As in the original, the targets' (and
+      inputs') text is the examples' "targets_pretokenized" (and
+      "inputs_pretokenized"); an example without it gets its ids decoded
+      by the vocabulary instead.
     eval_summary_dir: where predictions, targets and TensorBoard events go
       (default "<model_dir>/<dataset_split>_eval").
     eval_checkpoint_step: which checkpoints (see get_checkpoint_iterator).
@@ -106,16 +98,17 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size,
   for eval_dataset in eval_datasets:
     cached = list(host_values.numpy_iterator(eval_dataset.dataset_fn()))
     examples[eval_dataset.name] = cached
+    run_inference.maybe_add_pretokenized_features(cached, vocabulary)
     targets[eval_dataset.name] = [
-        _postprocess(eval_dataset, _text(ex["targets_plaintext"]), ex,
+        _postprocess(eval_dataset, _text(ex["targets_pretokenized"]), ex,
                      is_target=True) for ex in cached]
     if output_eval_examples:
       run_inference.write_lines_to_file(
           targets[eval_dataset.name],
           os.path.join(eval_summary_dir, f"{eval_dataset.name}_targets"))
-      if cached and "inputs_plaintext" in cached[0]:
+      if cached and "inputs_pretokenized" in cached[0]:
         run_inference.write_lines_to_file(
-            [_text(ex["inputs_plaintext"]) for ex in cached],
+            [_text(ex["inputs_pretokenized"]) for ex in cached],
             os.path.join(eval_summary_dir, f"{eval_dataset.name}_inputs"))
 
   input_fn = _batched_input_fn(eval_datasets, batch_size)

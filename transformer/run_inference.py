@@ -115,10 +115,66 @@ def encode_delimited_lm(inputs, targets, vocabulary, batch_size,
 
 @gin.configurable(module=_GIN_MODULE)
 def clean_decodes(ids, eos_id=1, pad_id=0, length_axis=-1):
-  """ids with everything after the first EOS replaced by pad_id."""
+  """ids with everything after the first EOS replaced by pad_id.
+
+  `ids` is a Tensor or anything tf.convert_to_tensor takes (a nested list
+  of ints, a NumPy array).
+  """
+  ids = tf.convert_to_tensor(ids)
   after_eos = tf.cumsum(tf.cast(tf.equal(ids, eos_id), tf.int32),
                         exclusive=True, axis=length_axis)
   return tf.where(tf.equal(after_eos, 0), ids, tf.cast(pad_id, ids.dtype))
+
+
+def as_text(value):
+  """A text feature or decode (bytes or str) as str."""
+  if isinstance(value, (bytes, np.bytes_)):
+    return value.decode("utf-8", errors="replace")
+  return str(value)
+
+
+def postprocess_text(eval_dataset, text, example, is_target=False):
+  """`text` through the EvalDataset's postprocess_fn (if any), called as
+  the original called it: postprocess_fn(text, example=, is_target=)."""
+  if eval_dataset.postprocess_fn is None:
+    return text
+  try:
+    return eval_dataset.postprocess_fn(text, example=example,
+                                       is_target=is_target)
+  except TypeError:  # A postprocess_fn(text) of one argument.
+    return eval_dataset.postprocess_fn(text)
+
+
+def maybe_add_pretokenized_features(examples, vocabulary):
+  """Gives each example "inputs_pretokenized" / "targets_pretokenized".
+
+  As in the original: an example with "inputs" (or "targets") ids but no
+  such text gets the ids decoded by that feature's vocabulary, which
+  approximates the text (logged once per feature). Other features and
+  existing text are left alone.
+
+  Args:
+    examples: a list of dicts feature -> NumPy array; changed in place.
+    vocabulary: a Vocabulary or an (inputs, targets) pair of them.
+
+  Returns:
+    `examples`.
+  """
+  vocabularies = {"inputs": run_settings.inputs_vocabulary(vocabulary),
+                  "targets": run_settings.targets_vocabulary(vocabulary)}
+  approximated = set()
+  for example in examples:
+    for feature, vocab in vocabularies.items():
+      text_feature = feature + "_pretokenized"
+      if feature not in example or text_feature in example:
+        continue
+      example[text_feature] = vocab.decode(
+          np.asarray(example[feature]).tolist())
+      if feature not in approximated:
+        approximated.add(feature)
+        logging.warning("Feature %r is approximated by decoding the "
+                        "tokenized feature %r.", text_feature, feature)
+  return examples
 
 
 def _to_text(value, vocab):
@@ -238,9 +294,15 @@ def decode_from_dataset(estimator,
                         infer_dataset_fn=gin.REQUIRED,
                         dataset_split="validation",
                         decode_output_dir=gin.REQUIRED):
-  """Decodes the examples of infer_dataset_fn's EvalDatasets into
-  "<decode_output_dir>/<name>_<step>_predictions" (and their inputs into
-  "<name>_inputs")."""
+  """Decodes the examples of infer_dataset_fn's EvalDatasets.
+
+  As the original, for each dataset it writes the decodes as they come to
+  "<decode_output_dir>/<name>_<step>_predictions", the examples' targets
+  text, postprocessed as targets, to "<name>_targets" and their inputs
+  text to "<name>_inputs" (text missing from an example is its ids
+  decoded; see `maybe_add_pretokenized_features`). Any model type
+  decodes (the original took only "lm").
+  """
   del model_type
   checkpoint_path = checkpoint_path or estimator.latest_checkpoint()
   step = run_checkpoints.get_step_from_checkpoint_path(checkpoint_path)
@@ -259,15 +321,18 @@ def decode_from_dataset(estimator,
       return ds.prefetch(tf.data.AUTOTUNE)
 
     decodes = decode(estimator, input_fn, vocabulary, checkpoint_path)
-    decodes = decodes[:len(examples)]
-    if infer_dataset.postprocess_fn is not None:
-      decodes = [infer_dataset.postprocess_fn(d, example=ex)
-                 for d, ex in zip(decodes, examples)]
-    write_lines_to_file(decodes, os.path.join(
+    write_lines_to_file(decodes[:len(examples)], os.path.join(
         decode_output_dir, f"{infer_dataset.name}_{step}_predictions"))
-    if examples and "inputs_plaintext" in examples[0]:
+    maybe_add_pretokenized_features(examples, vocabulary)
+    if examples and "targets_pretokenized" in examples[0]:
       write_lines_to_file(
-          [tf.compat.as_text(ex["inputs_plaintext"]) for ex in examples],
+          [postprocess_text(infer_dataset,
+                            as_text(ex["targets_pretokenized"]), ex,
+                            is_target=True) for ex in examples],
+          os.path.join(decode_output_dir, f"{infer_dataset.name}_targets"))
+    if examples and "inputs_pretokenized" in examples[0]:
+      write_lines_to_file(
+          [as_text(ex["inputs_pretokenized"]) for ex in examples],
           os.path.join(decode_output_dir, f"{infer_dataset.name}_inputs"))
 
 

@@ -12,11 +12,12 @@ mode:
 - "eval": the loss and teacher-forced metrics over the whole evaluation set
   (`neg_log_perplexity`, `token_accuracy`, `sequence_accuracy`,
   `mean_label`, `num_eval_tokens`, `max_targets_length`), weighted by
-  non-padding tokens, so padded examples weigh nothing;
+  the positive target ids (`eval_weights`), so padded examples weigh
+  nothing;
 - "infer": decoded ids, turned into strings in the graph when the
   vocabulary can (`decode_tf`) and the run is not on TPU;
 - "score" (infer with `score_in_predict_mode`): the log-likelihood of each
-  example's targets.
+  example's targets, and the targets' ids.
 
 The estimator owns the global step, the checkpoints (with the original's
 variable names) and warm starts, which the original's model function did
@@ -40,7 +41,7 @@ from mesh_tensorflow.transformer import transformer
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 SCORE = "score"
 
-# The features the model reads; others (e.g. "*_plaintext") are dropped.
+# The features the model reads; others (e.g. "*_pretokenized") are dropped.
 MODEL_FEATURES = ("inputs", "inputs_position", "inputs_segmentation",
                   "targets", "targets_position", "targets_segmentation",
                   "targets_subsegmentation")
@@ -328,10 +329,7 @@ def _eval_spec(mtf_features, logits_and_loss, model_type, lower):
   cross_entropy = mtf.layers.softmax_cross_entropy_with_logits(
       logits, targets, vocab_dim)
   predictions = mtf.cast(mtf.argmax(logits, vocab_dim), targets.dtype)
-  weights = mtf.layers.weights_nonzero(targets, dtype=tf.float32)
-  if model_type == "delimited_lm":
-    weights *= mtf.cast(mtf.logical_not(
-        transformer.delimited_lm_inputs_mask(targets)), tf.float32)
+  weights = eval_weights(targets, model_type)
   anonymous = [mtf.anonymize(t)
                for t in (cross_entropy, predictions, targets, weights)]
   lowering = lower()
@@ -342,6 +340,23 @@ def _eval_spec(mtf_features, logits_and_loss, model_type, lower):
       ModeKeys.EVAL, loss=tf_loss,
       eval_metric_ops=teacher_forced_metrics(xent, predictions, labels,
                                              weights))
+
+
+def eval_weights(targets, model_type):
+  """Which target tokens the evaluation metrics count, as float32 0 / 1.
+
+  As in the original: positive ids only (0 is padding; negative ids mark
+  an unscored prefix), and for a "delimited_lm" not the inputs part.
+
+  Args:
+    targets: an int Tensor [..., length].
+    model_type: the run's model type.
+  """
+  weights = mtf.cast(mtf.greater(targets, 0), tf.float32)
+  if model_type == "delimited_lm":
+    weights *= mtf.cast(mtf.logical_not(
+        transformer.delimited_lm_inputs_mask(targets)), tf.float32)
+  return weights
 
 
 def teacher_forced_metrics(xent, predictions, labels, weights):
@@ -362,8 +377,9 @@ def teacher_forced_metrics(xent, predictions, labels, weights):
       "neg_log_perplexity": metrics.mean(-xent, weights),
       "token_accuracy": metrics.mean(token_correct, weights),
       "sequence_accuracy": metrics.mean(sequence_correct, sequence_weights),
-      # A checksum: equal when two runs evaluated the same data.
-      "mean_label": metrics.mean(tf.cast(labels, tf.float32)),
+      # A checksum: equal when two runs evaluated the same data. Weighted,
+      # as in the original, so that it agrees with the original's number.
+      "mean_label": metrics.mean(tf.cast(labels, tf.float32), weights),
       "num_eval_tokens": metric_sum(weights, name="num_eval_tokens"),
       "max_targets_length": metric_max(sequence_tokens,
                                         name="max_targets_length"),
@@ -434,41 +450,53 @@ def _score_spec(model, model_type, mtf_features, predict_fn, variable_dtype,
       cross_entropy *= mtf.cast(mtf.logical_not(
           transformer.delimited_lm_inputs_mask(targets)), tf.float32)
     scores = -mtf.reduce_sum(cross_entropy, reduced_dim=length_dim)
+  # As the original: the scores and the scored targets' ids (everything
+  # after their first EOS padding), not the inputs, so save_scores returns
+  # (scores, targets).
   exported = {"scores": scores, "targets": targets}
-  if "inputs" in mtf_features:
-    exported["inputs"] = mtf_features["inputs"]
   exported = {k: mtf.anonymize(v) for k, v in exported.items()}
   lowering = lower()
   predictions = {k: lowering.export_to_tf_tensor(v)
                  for k, v in exported.items()}
+  predictions["targets"] = run_inference.clean_decodes(predictions["targets"])
   return estimator_spec.EstimatorSpec(ModeKeys.PREDICT,
                                       predictions=predictions)
 
 
 def _dynamic_text2self(mtf_features):
-  """Packed text2text features as text2self ones, for "delimited_lm".
+  """Text2text features as text2self ones, for "delimited_lm".
 
-  Each packed example's inputs and targets are concatenated (inputs first)
-  into new targets of twice the length; segment ids and positions follow.
+  Each example's inputs and targets are concatenated (inputs first) into
+  new targets of twice the length; segment ids and positions follow.
+  Unpacked features (no "inputs_segmentation") hold one example per row:
+  as in the original, every non-zero id belongs to segment 1 and its
+  position is its index in the row.
 
   Args:
-    mtf_features: "inputs", "targets" and their "_segmentation" and
-      "_position" features.
+    mtf_features: "inputs" and "targets", and when packed their
+      "_segmentation" and "_position" features.
 
   Returns:
     {"targets", "targets_segmentation", "targets_position"}.
+
+  Raises:
+    ValueError: packed features lack one of the four.
   """
-  for key in ("inputs_segmentation", "targets_segmentation",
-              "inputs_position", "targets_position"):
-    if key not in mtf_features:
-      raise ValueError(f"model_type 'delimited_lm' needs packed features; "
-                       f"{key!r} is missing.")
   inputs = mtf_features["inputs"]
   targets = mtf_features["targets"]
-  inputs_segmentation = mtf_features["inputs_segmentation"]
-  targets_segmentation = mtf_features["targets_segmentation"]
-  inputs_position = mtf_features["inputs_position"]
-  targets_position = mtf_features["targets_position"]
+  if "inputs_segmentation" in mtf_features:
+    for key in ("targets_segmentation", "inputs_position",
+                "targets_position"):
+      if key not in mtf_features:
+        raise ValueError(f"model_type 'delimited_lm': packed features (with "
+                         f"'inputs_segmentation') lack {key!r}.")
+    inputs_segmentation = mtf_features["inputs_segmentation"]
+    targets_segmentation = mtf_features["targets_segmentation"]
+    inputs_position = mtf_features["inputs_position"]
+    targets_position = mtf_features["targets_position"]
+  else:
+    inputs_segmentation, inputs_position = _one_segment_per_row(inputs)
+    targets_segmentation, targets_position = _one_segment_per_row(targets)
   inputs_length_dim = inputs.shape.dims[-1]
   targets_length_dim = targets.shape.dims[-1]
   mesh = targets.mesh
@@ -517,3 +545,12 @@ def _dynamic_text2self(mtf_features):
                                       targets_segmentation),
       "targets_position": combine(inputs_position, targets_position),
   }
+
+
+def _one_segment_per_row(ids):
+  """(segmentation, position) of unpacked ids [..., length]: segment 1 and
+  the index in the row for every non-zero id, 0 and 0 for padding."""
+  length_dim = ids.shape.dims[-1]
+  segmentation = mtf.to_int32(mtf.not_equal(ids, 0))
+  position = mtf.range(ids.mesh, length_dim, dtype=tf.int32) * segmentation
+  return segmentation, position

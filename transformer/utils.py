@@ -51,6 +51,7 @@ from mesh_tensorflow.transformer.run_inference import encode_inputs
 from mesh_tensorflow.transformer.run_inference import export_model
 from mesh_tensorflow.transformer.run_inference import get_inputs_from_file
 from mesh_tensorflow.transformer.run_inference import infer_model
+from mesh_tensorflow.transformer.run_inference import maybe_add_pretokenized_features as _maybe_add_pretokenized_features
 from mesh_tensorflow.transformer.run_inference import write_lines_to_file
 from mesh_tensorflow.transformer.run_model_fn import _dynamic_text2self
 from mesh_tensorflow.transformer.run_model_fn import metric_max

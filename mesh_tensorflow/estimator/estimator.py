@@ -298,7 +298,8 @@ class Estimator:
       step = run.step()
       if not np.isfinite(loss):
         raise FloatingPointError(f"Loss is {loss} at step {step}.")
-      logger.after_loop(step, loss)
+      logger.after_loop(step, loss,
+                        last_loop=last is not None and step >= last)
       for hook in loop_hooks:
         hook.after_loop(step, loss)
       if every and step // every > saved // every:

@@ -1,4 +1,4 @@
-"""Log lines and steps/sec summaries at the end of each training loop."""
+"""Log lines, steps/sec and loss summaries at the end of each training loop."""
 
 import time
 
@@ -13,8 +13,15 @@ def _crossed(previous, current, every):
 class StepLogger:
   """Logs "loss = ..., step = ... (... sec)" and "global_step/sec: ..."
   every `log_every` steps, and writes steps/sec to TensorBoard every
-  `summary_every` steps with `write_scalar(name, value, step)` (None: no
-  summaries)."""
+  `summary_every` steps, with `write_scalar(name, value, step)` (None: no
+  summaries; each estimator mode writes its own way).
+
+  The training step writes the loss every `summary_every` steps. A loop
+  holding no such step writes its last loss here if it is the first or the
+  last loop of the run, so that TensorBoard shows a run shorter than
+  `summary_every` (a short fine-tuning) and the last, partial loop of a run,
+  as the original did.
+  """
 
   def __init__(self, write_scalar, start_step, log_every, summary_every):
     self._write_scalar = write_scalar
@@ -23,10 +30,17 @@ class StepLogger:
     self._last_step = start_step
     self._last_log = (start_step, time.time())
     self._last_summary = (start_step, time.time())
+    self._first_loop = True
 
-  def after_loop(self, step, loss):
-    """Called after the loop that brought the global step to `step`."""
+  def after_loop(self, step, loss, last_loop=False):
+    """Called after the loop that brought the global step to `step`, whose
+    last loss is `loss`; `last_loop`: no loop follows in this run."""
     now = time.time()
+    summarized = _crossed(self._last_step, step, self._summary_every)
+    if (self._write_scalar is not None and self._summary_every and
+        not summarized and (self._first_loop or last_loop)):
+      self._write_scalar("loss", loss, step)
+    self._first_loop = False
     if _crossed(self._last_step, step, self._log_every):
       logged_step, logged_time = self._last_log
       elapsed = max(now - logged_time, 1e-9)

@@ -193,6 +193,32 @@ def test_language_model_with_adaptive_softmax_trains():
   assert losses[-1] < losses[0] - 0.3, losses
 
 
+def test_loss_fn_takes_hidden_states_in_any_mode():
+  """As the original: given hidden states (no vocabulary dimension), the
+  loss_fn computes the adaptive loss of the shared embedding, whatever
+  the context's mode; output_vocab_dim may be None then."""
+  clusters = [dict(c, length_projection_factor=1) for c in CLUSTERS]
+
+  def build(mesh):
+    context = layer_testing.make_context(
+        mesh, layer_testing.ModelStub(D_MODEL), BATCH, LENGTH, mode="eval")
+    d_model = mtf.Dimension("d_model", D_MODEL)
+    context.shared_params["embedding"] = (
+        adaptive_softmax.AdaptiveSoftmaxVocabEmbedding(
+            mesh, VOCAB, d_model, context.variable_dtype, "emb", None,
+            clusters=clusters))
+    loss = adaptive_softmax.adaptive_softmax_loss_fn(
+        _Decoder(), context,
+        mtf_testing.import_array(mesh, HIDDEN, [BATCH, LENGTH, d_model]),
+        mtf_testing.import_array(mesh, TARGETS, [BATCH, LENGTH]), None)
+    return {"loss": loss}, None, {}
+
+  got, _ = mtf_testing.run_program("all:1", "", "function", build)
+  full, _ = mtf_testing.run_program("all:1", "", "function",
+                                    _build("eval", clusters))
+  np.testing.assert_allclose(got["loss"], full["loss"], rtol=1e-5)
+
+
 def test_training_without_an_adaptive_embedding_is_an_error():
   mesh = mtf.Mesh(mtf.Graph(), "mesh")
   context = layer_testing.make_context(

@@ -1,5 +1,7 @@
 """Convolutional Transformer layers: NumPy, layouts, incremental decoding."""
 
+import collections
+
 import gin
 import numpy as np
 import pytest
@@ -73,6 +75,54 @@ def test_conv1d_layer_matches_numpy():
   want = sum(padded[:, j:j + 8] @ kernel[0, j] for j in range(3))
   np.testing.assert_allclose(got["y"], np.maximum(want, 0), rtol=1e-4,
                              atol=1e-5)
+
+
+def test_conv1d_layer_takes_a_context_without_variable_dtype():
+  """As the original: only inputs, activation_dtype and mode are read
+  outside incremental decoding; the kernel is then float32."""
+  context_cls = collections.namedtuple(
+      "Context", ["inputs", "activation_dtype", "mode"])
+
+  def build(mesh):
+    context = context_cls(
+        inputs=mtf_testing.import_array(mesh, INPUTS, [BATCH, LENGTH]),
+        activation_dtype=tf.float32, mode="train")
+    y = transformer_layers.Conv1DLayer(3, 12).call(context, _x(mesh))
+    return {"y": y}, None, {}
+
+  got, graph = mtf_testing.run_program("all:1", "", "function", build)
+  (kernel,) = graph.trainable_variables
+  assert kernel.master_dtype == tf.float32
+  padded = np.pad(_masked_x(), [(0, 0), (1, 1), (0, 0)])
+  k = got["conv2d/kernel"]
+  want = sum(padded[:, j:j + 8] @ k[0, j] for j in range(3))
+  np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_conv1d_layer_calls_a_replaced_glorot_initializer(monkeypatch):
+  """As the original, the layer asks tf.compat.v1.glorot_uniform_initializer
+  for its kernel's initializer when called: a program (or test) that
+  replaced that name gets its own initial kernel."""
+  kernel = _RNG.normal(size=[1, 3, D_MODEL, 4]).astype(np.float32)
+  calls = []
+
+  def fixed_kernel_initializer():
+    calls.append(1)
+    return lambda shape, dtype=tf.float32, **unused: tf.constant(kernel)
+
+  def build(mesh):
+    with monkeypatch.context() as patch:
+      patch.setattr(tf.compat.v1, "glorot_uniform_initializer",
+                    fixed_kernel_initializer)
+      y = transformer_layers.Conv1DLayer(3, 4).call(_context(mesh), _x(mesh))
+    return {"y": y}, None, {}
+
+  got, _ = mtf_testing.run_program("all:1", "", "function", build)
+  assert calls
+  np.testing.assert_array_equal(got["conv2d/kernel"], kernel)
+  padded = np.pad(_masked_x(), [(0, 0), (1, 1), (0, 0)])
+  want = sum(padded[:, j:j + 8] @ kernel[0, j] for j in range(3))
+  np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-5)
 
 
 def test_separable_conv1d_layer_matches_numpy():

@@ -150,19 +150,20 @@ def test_eval_dataset_fn_gives_fixed_held_out_examples_with_text():
                              embedded_task.digit_accuracy]
   ds = task.dataset_fn()
   assert sorted(ds.element_spec) == [
-      "inputs", "inputs_plaintext", "targets", "targets_plaintext"]
+      "inputs", "inputs_pretokenized", "targets", "targets_pretokenized"]
   assert ds.element_spec["inputs"].shape == tf.TensorShape([8])
   assert ds.element_spec["inputs"].dtype == tf.int32
   rows = list(ds.as_numpy_iterator())
   assert len(rows) == 30
-  assert [(r["inputs_plaintext"].decode(), r["targets_plaintext"].decode())
+  assert [(r["inputs_pretokenized"].decode(),
+           r["targets_pretokenized"].decode())
           for r in rows] == _take("validation", 30)
   for r in rows:
-    assert _text(r["inputs"]) == r["inputs_plaintext"].decode()
-    assert _text(r["targets"]) == r["targets_plaintext"].decode()
+    assert _text(r["inputs"]) == r["inputs_pretokenized"].decode()
+    assert _text(r["targets"]) == r["targets_pretokenized"].decode()
   again = list(task.dataset_fn().as_numpy_iterator())
-  assert [r["inputs_plaintext"] for r in again] == [
-      r["inputs_plaintext"] for r in rows]
+  assert [r["inputs_pretokenized"] for r in again] == [
+      r["inputs_pretokenized"] for r in rows]
   # As utils.eval_model calls it.
   assert task.postprocess_fn(" 503\n", example=rows[0], is_target=True) == (
       "503")
@@ -174,7 +175,7 @@ def test_eval_split_overrides_the_run_split():
       LENGTHS, BYTES, dataset_split="train", num_eval_examples=5,
       split="validation")
   rows = list(evals[0].dataset_fn().as_numpy_iterator())
-  assert [r["inputs_plaintext"].decode() for r in rows] == [
+  assert [r["inputs_pretokenized"].decode() for r in rows] == [
       x for x, _ in _take("validation", 5)]
 
 
@@ -255,7 +256,7 @@ def test_addition_gin_file_gives_run_its_problem():
     evals = run["eval_dataset_fn"](sequence_length=LENGTHS,
                                    vocabulary=vocab, dataset_split="train")
     rows = list(evals[0].dataset_fn().as_numpy_iterator())
-    assert [r["inputs_plaintext"].decode() for r in rows] == [
+    assert [r["inputs_pretokenized"].decode() for r in rows] == [
         x for x, _ in _take("validation", 4)]
   finally:
     gin.clear_config()

@@ -154,6 +154,21 @@ def _build_only(fn):
       mesh, layer_testing.ModelStub(D), BATCH, LENGTH, layer_outputs=[]), x)
 
 
+def test_context_collects_layer_outputs_by_default():
+  """As the original: a Context made without layer_outputs starts one."""
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  context = transformer.Context(
+      model=layer_testing.ModelStub(D), mesh=mesh, batch_dims=[BATCH],
+      length_dim=LENGTH, variable_dtype=mtf.VariableDType())
+  assert context.layer_outputs == []
+  _stack().call(context, mtf.zeros(mesh, [BATCH, LENGTH, MODEL]))
+  assert len(context.layer_outputs) == 3
+  other = transformer.Context(
+      model=layer_testing.ModelStub(D), mesh=mesh, batch_dims=[BATCH],
+      length_dim=LENGTH, variable_dtype=mtf.VariableDType())
+  assert other.layer_outputs == []  # Not shared between contexts.
+
+
 def test_annealed_dropout_needs_its_steps():
   with pytest.raises(ValueError, match="start_step and end_step"):
     _build_only(lambda c, x: transformer.sublayer_annealed_dropout(

@@ -143,18 +143,21 @@ def test_infer_from_file(trained, tmp_path):
 
 def test_score_from_strings(trained, tmp_path):
   prefix = tmp_path / "scores"
-  scores, targets = run_main(trained, "utils.run.mode = 'score_from_strings'",
-                    "score_from_strings.inputs = ['1+2', '30+4']",
-                    "score_from_strings.targets = ['3', '34']",
-                    f"save_scores.scores_filename = '{prefix}'")
+  # As the original: (scores, targets), the scores written with "%g", the
+  # targets' lengths (tokens before padding: the bytes and EOS).
+  scores, targets = run_main(
+      trained, "utils.run.mode = 'score_from_strings'",
+      "score_from_strings.inputs = ['1+2', '30+4']",
+      "score_from_strings.targets = ['3', '34']",
+      f"save_scores.scores_filename = '{prefix}'")
   assert len(scores) == 2 and all(s < 0 for s in scores)
   assert targets == ["3", "34"]
-  written = [float(x) for x in (tmp_path / "scores.scores").read_text()
-             .split()]
-  np.testing.assert_allclose(written, scores, rtol=1e-5)
+  assert sorted(os.listdir(tmp_path)) == [
+      "scores.lengths", "scores.scores", "scores.targets"]
+  assert (tmp_path / "scores.scores").read_text().splitlines() == [
+      "%g" % s for s in scores]
+  assert (tmp_path / "scores.lengths").read_text().splitlines() == ["2", "3"]
   assert (tmp_path / "scores.targets").read_text().splitlines() == ["3", "34"]
-  assert (tmp_path / "scores.inputs").read_text().splitlines() == [
-      "1+2", "30+4"]
 
 
 def test_export_and_serve_one_request(trained, tmp_path):
@@ -269,8 +272,13 @@ def test_score_from_dataset(trained, tmp_path):
       f"save_scores.scores_filename = '{prefix}'")
   assert len(scores) == len(targets) == NUM_EVAL  # Padding dropped.
   assert all(s < 0 for s in scores)
-  inputs = (tmp_path / "scores.inputs").read_text().splitlines()
-  assert targets == [str(sum(map(int, i.split("+")))) for i in inputs]
+  eval_dataset, = embedded_task.addition_eval_dataset_fn(
+      {"inputs": 8, "targets": 8}, embedded_task.addition_vocabulary(),
+      num_eval_examples=NUM_EVAL, max_digits=2)
+  assert targets == [
+      ex["targets_plaintext"].decode()
+      for ex in eval_dataset.dataset_fn().as_numpy_iterator()]
+  assert (tmp_path / "scores.targets").read_text().splitlines() == targets
 
 
 def test_export_score_serves_log_likelihoods(trained, tmp_path):

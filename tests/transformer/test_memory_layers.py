@@ -109,9 +109,19 @@ def test_same_under_layouts(mode, layouts):
                                           modes=(mode,))
 
 
-def test_rejects_odd_key_size():
+def test_odd_key_size_rounds_the_sub_keys_down():
+  """As the original: each sub-key has key_size // 2 entries."""
+  layer = memory_layers.ProductKeyValueMemory(
+      key_size=9, n_keys=5, n_heads=2, knn=3)
+  got, _ = mtf_testing.run_program("all:1", "", "function", _builder(layer))
+  assert got["keys"].shape == (2, 2, 5, 4)
+  want, _ = _np_layer(got, n_keys=5, knn=3)
+  np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_rejects_a_key_size_without_sub_keys():
   with pytest.raises(ValueError, match="key_size"):
-    memory_layers.ProductKeyValueMemory(key_size=7, n_keys=4, n_heads=1,
+    memory_layers.ProductKeyValueMemory(key_size=1, n_keys=4, n_heads=1,
                                         knn=2)
 
 

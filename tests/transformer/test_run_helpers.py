@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import run_model_fn
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary
 
@@ -108,6 +109,54 @@ def test_clean_decodes():
       [[5, 6, 1, 0, 0], [1, 0, 0, 0, 0], [4, 4, 4, 4, 4]])
 
 
+def test_clean_decodes_takes_a_python_list():
+  """As the original: any value tf.convert_to_tensor accepts."""
+  cleaned = utils.clean_decodes([[2, 1, 3], [1, 2, 2]], pad_id=7)
+  np.testing.assert_array_equal(cleaned.numpy(), [[2, 1, 7], [1, 7, 7]])
+
+
+def _metric_value(metric):
+  if metric.reduction == "mean":
+    return float(metric.parts["total"] / metric.parts["count"])
+  return float(next(iter(metric.parts.values())))
+
+
+def test_eval_metrics_weigh_every_mean_like_the_original():
+  """mean_label, the original's checksum of the evaluation data, is the
+  mean of the weighted labels (padding and negative ids left out)."""
+  labels = tf.constant([[5, 3, 0, 0], [2, -4, 7, 0]])
+  predictions = tf.constant([[5, 1, 0, 0], [2, 4, 7, 1]])
+  weights = tf.constant([[1., 1., 0., 0.], [1., 0., 1., 0.]])
+  xent = tf.constant([[1., 2., 9., 9.], [3., 9., 4., 9.]])
+  got = {k: _metric_value(m) for k, m in run_model_fn.teacher_forced_metrics(
+      xent, predictions, labels, weights).items()}
+  assert got == pytest.approx({
+      "mean_label": (5 + 3 + 2 + 7) / 4,
+      "neg_log_perplexity": -(1 + 2 + 3 + 4) / 4,
+      "token_accuracy": 3 / 4,
+      "sequence_accuracy": 1 / 2,
+      "num_eval_tokens": 4,
+      "max_targets_length": 2})
+
+
+@pytest.mark.parametrize("model_type, want", [
+    ("lm", [[1, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0]]),
+    ("delimited_lm", [[0, 0, 1, 1, 0, 0], [0, 0, 1, 0, 0, 0]])])
+def test_eval_weights_leave_out_padding_and_negative_ids(model_type, want):
+  """As the original: only positive targets count (negative ids mark an
+  unscored prefix), and a delimited_lm's inputs part does not."""
+  targets = np.array([[4, 1, 5, 1, 0, 0], [-3, 1, 6, 0, 0, 0]], np.int32)
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  batch, length = mtf.Dimension("batch", 2), mtf.Dimension("length", 6)
+  weights = run_model_fn.eval_weights(
+      mtf.import_tf_tensor(mesh, tf.constant(targets), [batch, length]),
+      model_type)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl([], {}, [""])
+  lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+  np.testing.assert_array_equal(
+      lowering.export_to_tf_tensor(weights).numpy(), want)
+
+
 def test_encode_inputs_pads_rows_and_batches():
   vocab = vocabulary.ByteVocabulary()
   ids = utils.encode_inputs(["ab", "abcdef"], vocab, "bitransformer",
@@ -149,3 +198,92 @@ def test_vocabulary_pairs():
   assert utils.inputs_vocabulary((inputs, targets)) is inputs
   assert utils.targets_vocabulary((inputs, targets)) is targets
   assert utils.targets_vocabulary(inputs) is inputs
+
+
+class _ScoringEstimator:
+  """Stands in for an estimator scoring in predict mode: an example's score
+  is minus the sum of its target ids over 10; it keeps the features."""
+
+  def __init__(self):
+    self.features = []
+
+  def latest_checkpoint(self):
+    return "model.ckpt-1"
+
+  def predict(self, input_fn, checkpoint_path=None):
+    del checkpoint_path
+    for batch in input_fn({}):
+      batch = {k: v.numpy() for k, v in batch.items()}
+      for i in range(len(batch["targets"])):
+        example = {k: v[i] for k, v in batch.items()}
+        self.features.append(example)
+        yield {"scores": np.float32(-np.abs(example["targets"]).sum() / 10),
+               "targets": np.abs(example["targets"])}
+
+
+def test_save_scores_returns_and_writes_as_the_original(tmp_path):
+  vocab = vocabulary.ByteVocabulary()
+  a, b, c = 97 + 3, 98 + 3, 99 + 3
+  results = [{"scores": np.float32(-1.25), "targets": np.array([a, b, 1, 0])},
+             {"scores": np.float32(-0.123456789),
+              "targets": np.array([c, 1, 0, 0])}]
+  assert utils.save_scores(results, vocab, save_example_text=False) == [
+      -1.25, pytest.approx(-0.123456789)]
+  prefix = str(tmp_path / "s")
+  scores, targets = utils.save_scores(results, vocab, scores_filename=prefix)
+  assert targets == ["ab", "c"]
+  assert scores == [-1.25, pytest.approx(-0.123456789)]
+  assert sorted(os.listdir(tmp_path)) == ["s.lengths", "s.scores",
+                                          "s.targets"]
+  assert (tmp_path / "s.scores").read_text() == "-1.25\n-0.123457\n"  # %g
+  assert (tmp_path / "s.lengths").read_text() == "3\n2\n"  # EOS included.
+  assert (tmp_path / "s.targets").read_text() == "ab\nc\n"
+
+  # With inputs (and pretokenized text, used as is): (scores, inputs,
+  # targets), and an ".inputs" file.
+  results[0].update(inputs=np.array([c, 1]), targets_pretokenized=b"AB")
+  results[1].update(inputs=np.array([a, 1]))
+  scores, inputs, targets = utils.save_scores(results, vocab,
+                                              scores_filename=prefix)
+  assert (inputs, targets) == (["c", "a"], ["AB", "c"])
+  assert (tmp_path / "s.inputs").read_text() == "c\na\n"
+  with pytest.raises(ValueError, match="No examples were scored"):
+    utils.save_scores([], vocab)
+
+
+def test_score_with_estimator_drops_padding_and_is_gin_configurable(
+    tmp_path):
+  vocab = vocabulary.ByteVocabulary()
+  targets = np.array([[100, 1, 0], [101, 101, 1], [0, 0, 0], [0, 0, 0]],
+                     np.int32)
+  def input_fn(params):
+    del params
+    return tf.data.Dataset.from_tensor_slices({"targets": targets}).batch(2)
+
+  # num_examples None: the trailing all-padding examples are dropped.
+  scores, texts = utils.score_with_estimator(
+      _ScoringEstimator(), input_fn, None, str(tmp_path), vocab)
+  assert texts == ["a", "bb"]
+  assert scores == [pytest.approx(-10.1), pytest.approx(-20.3)]
+  # T5 binds utils.score_with_estimator.num_examples.
+  gin.parse_config("utils.score_with_estimator.num_examples = 1")
+  scores, texts = utils.score_with_estimator(
+      _ScoringEstimator(), input_fn, None, str(tmp_path), vocab)
+  assert texts == ["a"]
+
+
+def test_score_from_strings_scores_an_lm_target_after_its_input(tmp_path):
+  # As the original: the input is an unscored (negated) prefix of the
+  # target, not a separate feature, and no EOS ends an lm target.
+  vocab = vocabulary.ByteVocabulary()
+  estimator = _ScoringEstimator()
+  scores, targets = utils.score_from_strings(
+      estimator, vocab, "lm", batch_size=2, sequence_length={"targets": 5},
+      model_dir=str(tmp_path), eval_checkpoint_step=None, inputs=["a"],
+      targets=["bc", "d"], score_postprocess_fn=utils.save_scores)
+  a, b, c, d = 100, 101, 102, 103
+  assert [sorted(f) for f in estimator.features] == [["targets"]] * 2
+  np.testing.assert_array_equal(
+      [f["targets"] for f in estimator.features],
+      [[-a, b, c, 0, 0], [-a, d, 0, 0, 0]])
+  assert len(scores) == 2 and targets == ["abc", "ad"]

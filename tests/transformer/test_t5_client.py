@@ -26,10 +26,12 @@ import sys
 import types
 
 import gin
+import numpy as np
 import pytest
 import tensorflow as tf
 
-import mesh_tensorflow  # pylint: disable=unused-import  (gin.tf needs it)
+import mesh_tensorflow as mtf
+from mesh_tensorflow import estimator as estimator_lib
 from mesh_tensorflow.transformer import utils as mtf_utils
 
 TASK = "mesh_tensorflow_test_reverse_letters"
@@ -188,21 +190,21 @@ def test_mtf_model_train_eval_predict_score_export_finetune(mtf_model_module,
   # Score strings: one log-likelihood per (input, target) pair, below zero,
   # also written one per line to the scores file.
   scores_file = str(tmp_path / "scores")
-  result = model.score(inputs=["abc", "bead", "face"],
-                       targets=["cba", "daeb", "ecaf"],
-                       scores_file=scores_file, vocabulary=_vocabulary())
-  scores = [float(s) for s in _scores_of(result)]
+  scores, scored_targets = model.score(
+      inputs=["abc", "bead", "face"], targets=["cba", "daeb", "ecaf"],
+      scores_file=scores_file, vocabulary=_vocabulary())
+  assert scored_targets == ["cba", "daeb", "ecaf"]
   assert len(scores) == 3 and all(s < 0 for s in scores), scores
   with open(scores_file + ".scores") as f:  # As the original names it.
     assert [float(l) for l in f.read().split()] == pytest.approx(scores,
                                                                  rel=1e-5)
 
   # Score the task's validation split: one score per example (six).
-  result = model.score(mixture_or_task_name=TASK,
-                       mixture_or_task_split="validation",
-                       vocabulary=_vocabulary())
-  task_scores = [float(s) for s in _scores_of(result)]
-  assert len(task_scores) >= 6 and all(s < 0 for s in task_scores[:6])
+  task_scores, task_targets = model.score(mixture_or_task_name=TASK,
+                                          mixture_or_task_split="validation",
+                                          vocabulary=_vocabulary())
+  assert len(task_scores) == len(task_targets) == 6
+  assert all(s < 0 for s in task_scores)
 
   # Export: a SavedModel that decodes strings.
   export_path = model.export(str(tmp_path / "export"), checkpoint_step=-1,
@@ -225,9 +227,160 @@ def test_mtf_model_train_eval_predict_score_export_finetune(mtf_model_module,
   assert latest.endswith(f"model.ckpt-{TRAIN_STEPS + 2}"), latest
 
 
-def _scores_of(result):
-  """T5 returns what save_scores returns: the scores, or (scores, ...)."""
-  return result[0] if isinstance(result, tuple) else result
+def test_mtf_model_on_t5_defaults(mtf_model_module, tmp_path):
+  # As T5's README runs it on one device: T5's default layout rules (which
+  # name "ensemble", a mesh dimension "model:1,batch:1" lacks), 100 steps a
+  # loop, a checkpoint every 5000 steps, the README's constant learning
+  # rate (T5's default, noam, needs a total_train_steps binding).
+  _parse_tiny_config()
+  model_dir = str(tmp_path / "model")
+  model = mtf_model_module.MtfModel(
+      model_dir=model_dir, tpu=None, mesh_shape="model:1,batch:1",
+      mesh_devices=["cpu:0"], batch_size=4, sequence_length=SEQUENCE_LENGTH,
+      learning_rate_schedule=0.003)
+  assert model._iterations_per_loop == 100  # pylint: disable=protected-access
+
+  # Train: one loop shorter than iterations_per_loop; its loss is in
+  # TensorBoard.
+  model.train(TASK, TRAIN_STEPS)
+  assert tf.train.latest_checkpoint(model_dir).endswith(
+      f"model.ckpt-{TRAIN_STEPS}")
+  assert TRAIN_STEPS in _event_scalars(model_dir)["loss"]
+
+  # Eval and predict.
+  summary_dir = str(tmp_path / "validation_eval")
+  os.makedirs(summary_dir)
+  model.eval(TASK, checkpoint_steps=-1, summary_dir=summary_dir)
+  with open(os.path.join(summary_dir,
+                         f"{TASK}_{TRAIN_STEPS}_predictions")) as f:
+    assert len(f.read().split("\n")) == 6
+  inputs_file = tmp_path / "inputs.txt"
+  inputs_file.write_text("abc\nbead\nface\n")
+  outputs = str(tmp_path / "outputs.txt")
+  model.predict(str(inputs_file), outputs, checkpoint_steps=-1,
+                vocabulary=_vocabulary())
+  with open(f"{outputs}-{TRAIN_STEPS}") as f:
+    assert len(f.read().rstrip("\n").split("\n")) == 3
+
+  # Score strings, two targets per input (more than a batch of 4): one score
+  # per target, equal to the sum of the per-token log-likelihoods of a
+  # teacher-forced forward pass. As the original: (scores, targets) returned
+  # (T5's MtfModel.score documents that pair), the scores written with "%g",
+  # the targets and their lengths (the bytes and EOS) beside them.
+  inputs = ["abc", "abc", "bead", "bead", "face", "face"]
+  targets = ["cba", "abc", "daeb", "bead", "ecaf", "face"]
+  scores_file = str(tmp_path / "scores")
+  scores, scored_targets = model.score(
+      inputs=inputs[::2], targets=targets, scores_file=scores_file,
+      vocabulary=_vocabulary())
+  assert scored_targets == targets
+  np.testing.assert_allclose(
+      scores, _reference_scores(model_dir, inputs, targets), rtol=1e-4)
+  assert sorted(p.name for p in tmp_path.glob("scores.*")) == [
+      "scores.lengths", "scores.scores", "scores.targets"]
+  with open(scores_file + ".scores") as f:
+    assert f.read().splitlines() == ["%g" % s for s in scores]
+  with open(scores_file + ".lengths") as f:
+    assert f.read().splitlines() == [str(len(t) + 1) for t in targets]
+  with open(scores_file + ".targets") as f:
+    assert f.read().splitlines() == targets
+
+  # Score the task's validation split: its six examples, the padding of the
+  # last batch dropped.
+  validation = ["abc", "cab", "bad", "dab", "ace", "bee"]
+  reversed_words = [w[::-1] for w in validation]
+  task_scores, task_targets = model.score(
+      mixture_or_task_name=TASK, mixture_or_task_split="validation",
+      vocabulary=_vocabulary())
+  assert task_targets == reversed_words
+  np.testing.assert_allclose(
+      task_scores, _reference_scores(model_dir, validation, reversed_words),
+      rtol=1e-4)
+
+  # Export: a SavedModel that decodes strings.
+  export_path = model.export(str(tmp_path / "export"), checkpoint_step=-1,
+                             vocabulary=_vocabulary())
+  served = tf.saved_model.load(export_path).signatures["serving_default"](
+      inputs=tf.constant(["abc", "bead"]))
+  assert served["outputs"].shape[0] == 2
+
+  # Fine-tune fewer steps than a loop into a new directory: the loss
+  # summaries of the fine-tuning are there.
+  tuned_dir = str(tmp_path / "tuned")
+  tuned = mtf_model_module.MtfModel(
+      model_dir=tuned_dir, tpu=None, mesh_shape="model:1,batch:1",
+      mesh_devices=["cpu:0"], batch_size=4, sequence_length=SEQUENCE_LENGTH,
+      learning_rate_schedule=0.003)
+  tuned.finetune(TASK, finetune_steps=2, pretrained_model_dir=model_dir)
+  assert tf.train.latest_checkpoint(tuned_dir).endswith(
+      f"model.ckpt-{TRAIN_STEPS + 2}")
+  assert TRAIN_STEPS + 2 in _event_scalars(tuned_dir)["loss"]
+
+
+def _event_scalars(directory):
+  """{tag: {step: value}} of the TensorBoard event files in `directory`."""
+  scalars = {}
+  for path in tf.io.gfile.glob(os.path.join(directory,
+                                            "events.out.tfevents.*")):
+    for record in tf.data.TFRecordDataset(path):
+      event = tf.compat.v1.Event.FromString(record.numpy())
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, {})[event.step] = float(
+            tf.make_ndarray(value.tensor))
+  return scalars
+
+
+def _reference_scores(model_dir, inputs, targets):
+  """Log-likelihoods from a teacher-forced forward pass of the latest
+  checkpoint: NumPy log-softmax of the model's logits at each target id,
+  summed over the target's tokens (EOS included)."""
+  vocab = _vocabulary()
+  length = SEQUENCE_LENGTH["targets"]
+
+  def encode(texts):
+    ids = np.zeros([len(texts), length], np.int32)
+    for i, text in enumerate(texts):
+      tokens = list(vocab.encode(text)) + [1]
+      ids[i, :len(tokens)] = tokens
+    return ids
+
+  features = {"inputs": encode(inputs), "targets": encode(targets)}
+  transformer_model = mtf_utils.build_model(
+      model_type="bitransformer", input_vocab_size=vocab.vocab_size,
+      output_vocab_size=vocab.vocab_size, layout_rules="", mesh_shape="")
+  batch = len(targets)
+
+  def model_fn(features, labels, mode, params, config=None):
+    del labels, mode, config
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    shape = mtf.Shape([mtf.Dimension("batch", batch),
+                       mtf.Dimension("length", length)])
+    ids = {k: mtf.import_fully_replicated(mesh, tf.cast(v, tf.int32), shape,
+                                          name=k)
+           for k, v in features.items()}
+    logits, _ = transformer_model.call_simple(
+        inputs=ids["inputs"], targets=ids["targets"], compute_loss=False,
+        mode=estimator_lib.ModeKeys.EVAL,
+        variable_dtype=mtf_utils.get_variable_dtype())
+    logits = mtf.anonymize(logits)
+    lowering = mtf.Lowering(graph, {mesh: params["mesh_impl"]},
+                            autostack=True)
+    logits = lowering.export_to_tf_tensor(logits)
+    return estimator_lib.EstimatorSpec(estimator_lib.ModeKeys.PREDICT,
+                                       predictions={"logits": logits})
+
+  reference = estimator_lib.Estimator(
+      model_fn=model_fn, config=estimator_lib.RunConfig(
+          model_dir=model_dir, mesh_shape="", layout=""))
+  logits = np.stack([p["logits"] for p in reference.predict(
+      lambda params: tf.data.Dataset.from_tensors(features))])
+  log_probs = logits - np.log(np.sum(np.exp(
+      logits - logits.max(-1, keepdims=True)), -1, keepdims=True)) - (
+          logits.max(-1, keepdims=True))
+  token_scores = np.take_along_axis(
+      log_probs, features["targets"][..., None], -1)[..., 0]
+  return np.sum(np.where(features["targets"] > 0, token_scores, 0.0), -1)
 
 
 def _vocabulary():
