@@ -1,22 +1,57 @@
-"""Installs Mesh TensorFlow for TensorFlow 2."""
+"""Installs Mesh TensorFlow for TensorFlow 2.
+
+Packages are found, not listed, so none can be left out: everything under
+mesh_tensorflow/, and the top-level transformer/ folder installed as
+`mesh_tensorflow.transformer` (the repository keeps the original's layout).
+The Transformer's gin files ship as package data. The version is read from
+mesh_tensorflow/version.py without importing the package.
+"""
+
+import pathlib
+import re
 
 import setuptools
 
+ROOT = pathlib.Path(__file__).resolve().parent
+# Folders installed under another package name: repository folder -> package.
+RENAMED = {"transformer": "mesh_tensorflow.transformer"}
+
+
+def _version():
+  text = (ROOT / "mesh_tensorflow" / "version.py").read_text()
+  match = re.search(r'^__version__ = "([^"]+)"$', text, re.MULTILINE)
+  if not match:
+    raise RuntimeError("mesh_tensorflow/version.py sets no __version__.")
+  return match.group(1)
+
+
+def _packages():
+  """Every package under mesh_tensorflow/ and the renamed folders."""
+  packages = setuptools.find_packages(
+      where=str(ROOT), include=["mesh_tensorflow", "mesh_tensorflow.*"])
+  package_dir = {}
+  for folder, name in RENAMED.items():
+    for package in setuptools.find_packages(
+        where=str(ROOT), include=[folder, folder + ".*"]):
+      installed = name + package[len(folder):]
+      packages.append(installed)
+      package_dir[installed] = package.replace(".", "/")
+  return sorted(packages), package_dir
+
+
+PACKAGES, PACKAGE_DIR = _packages()
+
 setuptools.setup(
     name="mesh-tensorflow-tf2",
-    version="0.2.0",
+    version=_version(),
     description=("Mesh TensorFlow: named-dimension distributed tensor "
                  "computation, re-created for TensorFlow 2."),
     license="Apache 2.0",
     python_requires=">=3.10",
-    packages=(["mesh_tensorflow", "mesh_tensorflow.ops",
-               "mesh_tensorflow.estimator",
-               "mesh_tensorflow.transformer"]),
-    package_dir={
-        "mesh_tensorflow": "mesh_tensorflow",
-        "mesh_tensorflow.transformer": "transformer",
-    },
-    # The original's gin configs (defaults.gin, models/, layouts/, ...).
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
+    # Read at run time: the original's gin configs (defaults.gin, models/,
+    # layouts/, ...), found through importlib.resources (utils.py).
     package_data={
         "mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"],
     },
@@ -29,6 +64,8 @@ setuptools.setup(
         "gin-config",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "sentencepiece"],
+        # setuptools and wheel: tests/test_wheel.py builds the wheel offline.
+        "test": ["pytest", "pytest-xdist", "sentencepiece", "setuptools",
+                 "wheel"],
     },
 )

@@ -58,6 +58,7 @@ from mesh_tensorflow.shape import tensor_dim_to_mesh_dim_size
 from mesh_tensorflow.shape import tensor_dim_to_size_per_split
 from mesh_tensorflow.shape import TensorLayout
 from mesh_tensorflow.shape import verify_no_new_dims
+from mesh_tensorflow.version import __version__
 
 # Library modules built on the language; imported last because they use
 # `mesh_tensorflow` itself.
@@ -67,13 +68,15 @@ from mesh_tensorflow import beam_search  # pylint: disable=g-bad-import-order
 from mesh_tensorflow import test_utils  # pylint: disable=g-bad-import-order
 from mesh_tensorflow import utils  # pylint: disable=g-bad-import-order
 
-__version__ = "0.2.0"
-
+# The two changes this import makes to TensorFlow's namespaces (none to this
+# package's own modules: gin registration goes through `configurable`).
+# 1. A do-not-convert rule for tf.function's autograph (autograph_rules.py).
 autograph_rules.register()
 
-# TensorFlow 2.16+ has no tf.estimator; gin-config's `gin.tf` (imported by the
-# original's clients, e.g. T5) needs tf.estimator.SessionRunHook. Installs a
-# small stand-in only where TensorFlow lacks one; see tf_estimator_shim.py.
+# 2. TensorFlow 2.16+ has no tf.estimator; gin-config's `gin.tf` (imported by
+# the original's clients, e.g. T5) needs tf.estimator.SessionRunHook. Installs
+# a small stand-in as `tf.estimator` (also under tf.compat.v1 and v2) only where
+# TensorFlow lacks one; see tf_estimator_shim.py.
 from mesh_tensorflow.estimator import tf_estimator_shim  # pylint: disable=g-bad-import-order,g-import-not-at-top
 tf_estimator_shim.install()
 del tf_estimator_shim

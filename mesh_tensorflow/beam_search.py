@@ -23,6 +23,7 @@ Differences from the original:
 
 import tensorflow as tf
 
+from mesh_tensorflow import configurable as configurable_lib
 from mesh_tensorflow import shape as shape_lib
 import mesh_tensorflow as mtf
 
@@ -61,6 +62,7 @@ def compute_topk_scores_and_seq(sequences, scores, scores_to_gather, flags,
           gather(flags), [gather(s) for s in states or []])
 
 
+@configurable_lib.configurable
 def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
                 stop_early=True, decode_length=None, use_tpu=True,
                 dtype=tf.float32, layout=None, mesh_shape=None,
@@ -219,6 +221,7 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
   return decoded, scores
 
 
+@configurable_lib.configurable
 def greedy_decode(logits_fn, initial_ids, temperature=0.0,
                   initial_states=None, eos_id=EOS_ID, forced_ids=None,
                   use_tpu=True):

@@ -12,6 +12,8 @@ original.
 
 import tensorflow as tf
 
+from mesh_tensorflow import configurable as configurable_lib
+
 __all__ = [
     "avg_pool2d",
     "avg_pool3d",
@@ -245,6 +247,7 @@ def multiplicative_jitter(x, epsilon=1e-2):
                                 maxval=1.0 + epsilon, dtype=x.dtype)
 
 
+@configurable_lib.configurable
 def clip_activation_gradient(x, clip_rms_norm=None):
   """Identity forward; the gradient is scaled down to RMS <= clip_rms_norm.
 

@@ -16,6 +16,7 @@ from absl import logging
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import configurable as configurable_lib
 
 # Scope names already taken in each mtf.Graph, for layers called without a
 # name. TensorFlow's own default-name counter lives in a process-wide store
@@ -60,6 +61,7 @@ def _as_list(dims):
   return [dims]
 
 
+@configurable_lib.configurable
 def unit_scaling_convention(value=False):
   """Whether layers follow the unit-scaling convention (default: no).
 
@@ -70,9 +72,10 @@ def unit_scaling_convention(value=False):
   optimizers see parameters of one scale.
 
   The original makes this function gin-configurable. Gin belongs to the
-  Transformer package here: it binds `value` by replacing this module's
-  `unit_scaling_convention` with a configured version; callers in this
-  module look the name up at call time, so the binding takes effect.
+  Transformer package here: the function is marked
+  `configurable_lib.configurable`, and the Transformer's gin bindings
+  (`unit_scaling_convention.value = True`) reach every call, the core's
+  included, without replacing it.
 
   Args:
     value: a boolean.
@@ -250,6 +253,7 @@ class DenseInitializer:
     raise NotImplementedError("DenseInitializer subclasses define __call__.")
 
 
+@configurable_lib.configurable
 class VarianceScalingInitializer(DenseInitializer):
   """Variance-scaling initialisation with fans taken from the dimensions.
 

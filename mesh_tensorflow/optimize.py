@@ -22,6 +22,7 @@ import re
 from absl import logging
 import tensorflow as tf
 
+from mesh_tensorflow import configurable as configurable_lib
 from mesh_tensorflow import errors
 from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow import graph as graph_lib
@@ -151,6 +152,7 @@ class _LearningRateOptimizer(Optimizer):
     return self._lr
 
 
+@configurable_lib.configurable
 class SgdOptimizer(_LearningRateOptimizer):
   """Plain gradient descent: var -= learning_rate * grad."""
 
@@ -161,6 +163,7 @@ class SgdOptimizer(_LearningRateOptimizer):
     return [mtf.assign_sub(var, grad * lr)]
 
 
+@configurable_lib.configurable
 class MomentumOptimizer(_LearningRateOptimizer):
   """SGD with momentum: v = momentum * v - lr * grad; var += v."""
 
@@ -180,6 +183,7 @@ class MomentumOptimizer(_LearningRateOptimizer):
             mtf.assign_add(var, updated_velocity)]
 
 
+@configurable_lib.configurable
 class AdamWeightDecayOptimizer(Optimizer):
   """Adam with decoupled weight decay, as in BERT (no bias correction).
 
@@ -246,6 +250,7 @@ def adafactor_decay_rate_adam(beta2):
   return schedule
 
 
+@configurable_lib.configurable
 def adafactor_decay_rate_pow(exponent=0.8, offset=0):
   """Second-moment decay 1 - (step - offset + 1)^-exponent: a schedule."""
   def schedule(step):
@@ -261,6 +266,7 @@ def adafactor_learning_rate_default(multiply_by_parameter_scale=True):
   return schedule
 
 
+@configurable_lib.configurable
 class AdafactorOptimizer(Optimizer):
   """Adafactor (Shazeer and Stern, 2018).
 
@@ -441,6 +447,7 @@ def make_optimizer(hparams, lr):
 # ------------------------------------------ several learning-rate schedules
 
 
+@configurable_lib.configurable
 def product_learning_rate(step, total_train_steps, factors, offset=0):
   """The product of `factors` at `step`: a learning rate.
 
@@ -471,6 +478,7 @@ def product_learning_rate(step, total_train_steps, factors, offset=0):
   return rate
 
 
+@configurable_lib.configurable
 def compute_lr_for_step(schedules, learning_rate, train_steps=None):
   """The learning rate of each schedule at TF's global step.
 
@@ -560,6 +568,7 @@ class _MultiLRSchedule:
     return self._summary_learning_rate()
 
 
+@configurable_lib.configurable
 class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
   """Adafactor whose variables may follow other learning-rate schedules.
 
@@ -579,6 +588,7 @@ class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
     self._init_schedules(variable_search, alt_lr_schedules, train_steps)
 
 
+@configurable_lib.configurable
 class AdamWithMultiLRSchedule(_MultiLRSchedule, AdamWeightDecayOptimizer):
   """AdamWeightDecay whose variables may follow other learning-rate
   schedules (see AdafactorWithMultiLRSchedule; **kwargs are

@@ -36,6 +36,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
+from mesh_tensorflow import configurable as configurable_lib
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
@@ -58,6 +59,7 @@ physical_shape_3d_from_topology_proto_4d = (
     tpu_topology.physical_shape_3d_from_topology_proto_4d)
 
 
+@configurable_lib.configurable
 class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   """Mesh implementation lowering to one program run by every processor.
 

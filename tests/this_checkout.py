@@ -3,7 +3,9 @@ checkout.
 
 An editable install maps that package to the folder it was installed from,
 so tests run from another checkout of the repository (a git worktree sharing
-one virtual environment) would otherwise test the wrong code. conftest.py
+one virtual environment) would otherwise test the wrong code. setup.py's
+package mapping cannot help there: it is what the editable install recorded.
+(tests/test_wheel.py checks the mapping of an ordinary install.) conftest.py
 calls it, and so do test scripts run as subprocesses.
 """
 

@@ -62,24 +62,64 @@ def _closest(model_dir, step, find_closest):
   return closest
 
 
-def _wait_for_new_checkpoints(model_dir, skip_until, stop_after):
-  """Yields each new checkpoint of model_dir as it appears (forever, or
-  until one of step >= stop_after)."""
-  last = skip_until
+# How often the waiting line repeats, and how often model_dir is listed.
+_REPORT_EVERY_SECONDS = 600.0
+_POLL_SECONDS = 1.0
+
+
+def _waiting_line(model_dir, last_path, waited, timeout):
+  """One line: what was done, what the wait is for, and how to stop it."""
+  done = (f"Done with checkpoint {last_path}" if last_path else
+          f"No new checkpoint in {model_dir} yet")
+  limit = ("no time limit" if timeout is None else
+           f"stopping after {timeout:g} s")
+  return (f"{done}. Waiting for new checkpoints in {model_dir} "
+          f"(eval_checkpoint_step = None), {waited:.0f} s so far, {limit}. "
+          "To process existing checkpoints and exit, set "
+          "utils.run.eval_checkpoint_step = \"latest\" (or a step); "
+          "utils.get_checkpoint_iterator.timeout = <seconds> bounds the wait.")
+
+
+def _wait_for_new_checkpoints(model_dir, skip_until, stop_after, timeout):
+  """Yields each new checkpoint of model_dir as it appears: forever, until
+  one of step >= stop_after, or until `timeout` seconds pass without one.
+
+  While it waits it says so (absl INFO), at once and then every
+  _REPORT_EVERY_SECONDS.
+  """
+  last, last_path = skip_until, None
   while True:
     new = [s for s in _checkpoint_steps(model_dir) if s > last]
     if new:
       last = new[-1]
-      yield _path(model_dir, last)
+      last_path = _path(model_dir, last)
+      yield last_path
       if stop_after is not None and last >= stop_after:
         return
-    else:
-      time.sleep(1.0)
+      continue
+    started = time.monotonic()
+    next_report = started
+    while not new:
+      waited = time.monotonic() - started
+      if timeout is not None and waited >= timeout:
+        logging.info(
+            "No new checkpoint in %s for %.0f s "
+            "(utils.get_checkpoint_iterator.timeout = %g): done.",
+            model_dir, waited, timeout)
+        return
+      if time.monotonic() >= next_report:
+        logging.info(_waiting_line(model_dir, last_path, waited, timeout))
+        next_report += _REPORT_EVERY_SECONDS
+      pause = _POLL_SECONDS
+      if timeout is not None:
+        pause = min(pause, max(timeout - waited, 0.0))
+      time.sleep(pause)
+      new = [s for s in _checkpoint_steps(model_dir) if s > last]
 
 
 @gin.configurable(module=_GIN_MODULE)
 def get_checkpoint_iterator(checkpoint_step, model_dir, skip_until=0,
-                            stop_after=None, find_closest=True):
+                            stop_after=None, find_closest=True, timeout=None):
   """The checkpoint paths a run's `eval_checkpoint_step` asks for.
 
   Args:
@@ -93,6 +133,9 @@ def get_checkpoint_iterator(checkpoint_step, model_dir, skip_until=0,
     stop_after: for None, stop after the first checkpoint of a step >= this
       (default: never stop).
     find_closest: if False, a requested step must exist exactly.
+    timeout: for None, stop once this many seconds pass without a new
+      checkpoint (default: wait for ever, as the original). While waiting,
+      a line at INFO says so, how long it has waited and how to stop.
 
   Returns:
     an iterable of checkpoint paths.
@@ -109,7 +152,8 @@ def get_checkpoint_iterator(checkpoint_step, model_dir, skip_until=0,
       raise ValueError(f"No checkpoint files found in {model_dir!r}.")
     return [_path(model_dir, steps[-1])]
   if checkpoint_step is None:
-    return _wait_for_new_checkpoints(model_dir, skip_until, stop_after)
+    return _wait_for_new_checkpoints(model_dir, skip_until, stop_after,
+                                     timeout)
   if isinstance(checkpoint_step, (int, np.integer)):
     return [_path(model_dir, _closest(model_dir, int(checkpoint_step),
                                       find_closest))]

@@ -5,6 +5,7 @@ main runs in this process (flags and gin reset between calls); the test of
 the exit status runs the real binary in a subprocess.
 """
 
+import logging
 import os
 import pathlib
 import re
@@ -55,10 +56,11 @@ def _argv(model_dir, params=(), files=GIN_FILES):
   return argv
 
 
-def run_main(model_dir, *params, files=GIN_FILES, with_errors=False):
+def run_main(model_dir, *params, files=GIN_FILES, with_errors=False,
+             extra_flags=()):
   """Runs the binary's main in this process; returns what utils.run did."""
   FLAGS.unparse_flags()
-  argv = FLAGS(_argv(model_dir, params, files))
+  argv = FLAGS(_argv(model_dir, params, files) + list(extra_flags))
   gin.clear_config()
   try:
     if with_errors:
@@ -139,6 +141,30 @@ def test_infer_from_file(trained, tmp_path):
            f"decode_from_file.output_filename = '{output}'")
   decodes = (tmp_path / f"decodes-{TRAIN_STEPS}").read_text().splitlines()
   assert len(decodes) == 3
+
+
+def test_infer_waiting_for_checkpoints_says_so(trained, tmp_path, caplog):
+  """eval_checkpoint_step None (the original's default): decode, then say
+  that it waits for new checkpoints and how to stop; the timeout ends it."""
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("1+2\n")
+  output = tmp_path / "decodes"
+  # INFO, as the binary logs by default under app.run (pytest's absl
+  # defaults to WARNING).
+  caplog.set_level(logging.INFO)
+  run_main(trained, "utils.run.mode = 'infer'",
+           "utils.run.eval_checkpoint_step = None",
+           "utils.get_checkpoint_iterator.timeout = 0.5",
+           f"decode_from_file.input_filename = '{inputs}'",
+           f"decode_from_file.output_filename = '{output}'",
+           extra_flags=["--verbosity=0"])
+  assert (tmp_path / f"decodes-{TRAIN_STEPS}").read_text().splitlines()
+  messages = [r.getMessage() for r in caplog.records]
+  (waiting,) = [m for m in messages if "Waiting for new checkpoints" in m]
+  assert f"model.ckpt-{TRAIN_STEPS}" in waiting and str(trained) in waiting
+  assert 'utils.run.eval_checkpoint_step = "latest"' in waiting
+  assert any(m.startswith(f"No new checkpoint in {trained} for") and
+             m.endswith("done.") for m in messages), messages[-5:]
 
 
 def test_score_from_strings(trained, tmp_path):

@@ -1,6 +1,9 @@
 """The helpers of utils.run: batch sizes, steps, checkpoints, encoding."""
 
+import logging
 import os
+import re
+import threading
 
 import gin
 import numpy as np
@@ -8,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import run_checkpoints
 from mesh_tensorflow.transformer import run_model_fn
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary
@@ -82,6 +86,58 @@ def test_get_checkpoint_iterator(tmp_path):
     it(150, model_dir, find_closest=False)
   with pytest.raises(ValueError, match="No checkpoint files"):
     it(5, str(tmp_path / "empty"))
+
+
+def _waiting_lines(caplog):
+  return [r.getMessage() for r in caplog.records
+          if "Waiting for new checkpoints" in r.getMessage()]
+
+
+def test_waiting_for_checkpoints_says_so_and_times_out(tmp_path, caplog,
+                                                       monkeypatch):
+  """eval_checkpoint_step None: each new checkpoint, a line while waiting
+  (repeated), and the end after `timeout` seconds without one."""
+  monkeypatch.setattr(run_checkpoints, "_REPORT_EVERY_SECONDS", 0.2)
+  monkeypatch.setattr(run_checkpoints, "_POLL_SECONDS", 0.05)
+  model_dir = str(tmp_path)
+  _touch_checkpoints(model_dir, [100])
+  later = threading.Timer(0.3, _touch_checkpoints, (model_dir, [200]))
+  caplog.set_level(logging.INFO, logger="absl")
+  later.start()
+  try:
+    paths = list(utils.get_checkpoint_iterator(None, model_dir, timeout=0.7))
+  finally:
+    later.cancel()
+  assert paths == [os.path.join(model_dir, f"model.ckpt-{s}")
+                   for s in (100, 200)]
+  lines = _waiting_lines(caplog)
+  # Once after step 100, then at least twice (0 s, 0.2 s, ...) after 200.
+  assert len(lines) >= 3, lines
+  assert "Done with checkpoint " + paths[0] in lines[0]
+  last = lines[-1]
+  assert "Done with checkpoint " + paths[1] in last
+  assert f"in {model_dir} " in last
+  assert 'utils.run.eval_checkpoint_step = "latest"' in last
+  assert "stopping after 0.7 s" in last
+  waited = [int(re.search(r"(\d+) s so far", l)[1]) for l in lines]
+  assert waited == sorted(waited)
+  assert any("No new checkpoint in " + model_dir in r.getMessage() and
+             "timeout = 0.7" in r.getMessage() for r in caplog.records)
+
+
+def test_waiting_with_no_checkpoint_yet_says_so(tmp_path, caplog):
+  caplog.set_level(logging.INFO, logger="absl")
+  assert not list(utils.get_checkpoint_iterator(None, str(tmp_path),
+                                                timeout=0.1))
+  (line,) = _waiting_lines(caplog)
+  assert line.startswith(f"No new checkpoint in {tmp_path} yet"), line
+
+
+def test_waiting_timeout_is_a_gin_parameter(tmp_path, caplog):
+  gin.parse_config("utils.get_checkpoint_iterator.timeout = 0.1")
+  caplog.set_level(logging.INFO, logger="absl")
+  assert not list(utils.get_checkpoint_iterator(None, str(tmp_path)))
+  assert _waiting_lines(caplog)
 
 
 def test_get_step_from_checkpoint_path():
