@@ -16,7 +16,10 @@ is filled when the first lowering creates it.
 
 In `tf.compat.v1` graph mode each mtf variable also has a master variable
 named exactly like it; `tf.compat.v1.train.Saver` saves those, after
-`Lowering.copy_slices_to_masters()`, as in the original library.
+`Lowering.copy_slices_to_masters()`, as in the original library. The
+slices are tracked in graph mode too, under a node of the graph
+(`VariableStore.checkpoint_root()`), so `tf.train.Checkpoint` run in a
+Session writes the eager keys (the estimator's graph mode does).
 `load_variables` reads either kind of checkpoint back by mtf name.
 
 The original library's checkpoints are name-based (`tf.compat.v1.train.Saver`
@@ -29,6 +32,7 @@ creates them, so they load under any mesh, layout or autostacking.
 import functools
 import weakref
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 
@@ -128,17 +132,34 @@ class SlicedVariableNode(ScopeNode):
       return self._storage.assign_slice(pnum, value)
 
   def assign_full(self, value):
-    """Eagerly gives every processor its slice of the full `value`."""
+    """Gives every processor its slice of the full `value` (a NumPy array).
+
+    Eager: at once; returns None. Compat graph mode: returns (op,
+    feed_dict) to run in a Session; the value is fed to a placeholder, not
+    embedded in the graph.
+    """
     with tf.init_scope():
+      feed = None
       with tf.device("/cpu:0"):
-        full = tf.cast(tf.convert_to_tensor(value), self._master_dtype)
+        if tf.executing_eagerly():
+          full = tf.convert_to_tensor(value)
+        else:
+          value = np.asarray(value)
+          full = tf.compat.v1.placeholder(tf.as_dtype(value.dtype),
+                                          value.shape)
+          feed = {full: value}
+        full = tf.cast(full, self._master_dtype)
       size = self._mesh_impl.slice_shape(self._shape)
+      ops = []
       for _, pnums in self.blocks():
         begin = self._mesh_impl.slice_begin(self._shape, pnums[0])
         with tf.device("/cpu:0"):
           block = tf.slice(full, begin, size) if size else full
         for pnum in pnums:
-          self.assign_block(pnum, block)
+          ops.append(self.assign_block(pnum, block))
+      if feed is None:
+        return None
+      return tf.group(*[op for op in ops if op is not None]), feed
 
   def blocks(self):
     """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
@@ -293,6 +314,9 @@ class ValueRestore:
     self._seen = set()
     self.restored = []
     self.missing = []
+    # Compat graph mode: the assignments to run, and their feeds.
+    self.graph_ops = []
+    self.feed_dict = {}
 
   @property
   def path(self):
@@ -326,5 +350,8 @@ class ValueRestore:
           f"Checkpoint {self._path}: variable {name!r} has shape {stored} "
           f"there, but the model's variable has shape "
           f"{node.shape.to_integer_list} ({node.shape}).")
-    node.assign_full(value)
+    pending = node.assign_full(value)
+    if pending is not None:
+      self.graph_ops.append(pending[0])
+      self.feed_dict.update(pending[1])
     self.restored.append(name)

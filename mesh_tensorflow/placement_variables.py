@@ -11,7 +11,10 @@ Eager / tf.function: the slice variables are created once, eagerly, from the
 full initial value computed on the host. Compat graph mode: as in the
 original library each mtf variable also has a master variable on the host
 (saved by `tf.compat.v1.train.Saver`), copied to and from the slices by
-`copy_master_to_slices` / `copy_slices_to_master`.
+`copy_master_to_slices` / `copy_slices_to_master`; the slices start from
+pieces of the master's initial value, in no collection. In both modes the
+slices are tracked for `tf.train.Checkpoint` under the store's checkpoint
+root (see variable_store).
 """
 
 import weakref
@@ -325,6 +328,15 @@ def _create_master(variable):
         dtype=variable.master_dtype, use_resource=True)
 
 
+def _master_pieces(master, variable, mesh_impl):
+  """Compat graph mode: the per-processor pieces of the master's initial
+  value (the slices' own initial values, so that initialising them without
+  the masters, as the estimator's graph mode does, starts from the same
+  values)."""
+  with tf.device("/cpu:0"):
+    return mesh_impl.make_slices(master.initial_value, variable.shape)
+
+
 def create_eager_slices(variable, mesh_impl):
   """Eager / tf.function: creates, stores and tracks one TF variable per
   processor holding its slice of the initial value; returns the entry."""
@@ -372,15 +384,17 @@ def _create_single(variable, mesh_impl):
     if slice_is_master:
       slices = [master]
     else:
+      pieces = _master_pieces(master, variable, mesh_impl)
       slices = []
       for pnum, device in enumerate(mesh_impl.devices):
         with tf.device(device):
           slices.append(tf.compat.v1.Variable(
-              tf.zeros(slice_shape, variable.slice_dtype),
+              tf.cast(pieces[pnum], variable.slice_dtype),
               name=f"{variable.name}_slice_{pnum}", trainable=False,
               collections=[], use_resource=True))
-    store.put(variable.name, SliceVariables(master, slices, slice_shape,
-                                            variable.slice_dtype))
+    entry = SliceVariables(master, slices, slice_shape, variable.slice_dtype)
+    store.put(variable.name, entry)
+    store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
 
 
 def _create_stack(variables, mesh_impl):
@@ -404,20 +418,20 @@ def _create_stack(variables, mesh_impl):
               trainable=first.trainable))
     else:
       masters = [_create_master(v) for v in variables]
+      per_variable = [_master_pieces(m, v, mesh_impl)
+                      for m, v in zip(masters, variables)]
       slices = []
       for pnum, device in enumerate(mesh_impl.devices):
         with tf.device(device):
+          rows = [tf.cast(pieces[pnum], dtype) for pieces in per_variable]
           slices.append(tf.compat.v1.Variable(
-              tf.zeros([len(variables)] + slice_shape, dtype),
-              name=f"{stack_name}_slice_{pnum}", trainable=False,
-              collections=[], use_resource=True))
+              tf.stack(rows), name=f"{stack_name}_slice_{pnum}",
+              trainable=False, collections=[], use_resource=True))
     stack = VariableStack([v.name for v in variables], slices, masters)
     for index, (variable, master) in enumerate(zip(variables, masters)):
       entry = StackMember(stack, index, master, slice_shape, dtype)
       store.put(variable.name, entry)
-      if eager:
-        store.track(variable.name,
-                    checkpoint_node(variable, mesh_impl, entry))
+      store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
 
 
 def _group(ops):

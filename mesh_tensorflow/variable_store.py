@@ -11,6 +11,11 @@ created once and found again by name, so they are kept in a store:
   original library each variable also has a *master* copy on the host, in the
   global-variables collection, that `tf.compat.v1.train.Saver` saves and that
   `Lowering.copy_masters_to_slices()` copies into the slices.
+
+Either way the variables are tracked by mtf name under a checkpoint root
+(`VariableStore.checkpoint_root()`): the mesh implementation itself in eager
+mode, one node per tf.Graph in graph mode, so `tf.train.Checkpoint` writes
+the same keys in both modes (graph mode: in a Session).
 """
 
 import contextlib
@@ -22,6 +27,7 @@ from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow import tf_initializers
 
 
@@ -76,6 +82,7 @@ class VariableStore:
   def __init__(self, checkpoint_root=None):
     self._eager = {}
     self._graphs = weakref.WeakKeyDictionary()
+    self._graph_roots = weakref.WeakKeyDictionary()
     self._checkpoint_root = checkpoint_root
 
   def _entries(self):
@@ -92,15 +99,42 @@ class VariableStore:
       raise errors.ShapeError(f"Variable {name!r} is already in the store.")
     entries[name] = entry
 
-  def track(self, name, node):
-    """Makes `node` (a trackable) the checkpoint entry of variable `name`.
+  def checkpoint_root(self):
+    """The trackable the variables of the current context are tracked
+    under: the mesh implementation (eager / tf.function), else a node of
+    the outermost tf.Graph (None if the store has no checkpoint root)."""
+    if self._checkpoint_root is None or outer_context_is_eager():
+      return self._checkpoint_root
+    graph = _outer_graph()
+    if graph not in self._graph_roots:
+      self._graph_roots[graph] = checkpointing.ScopeNode()
+    return self._graph_roots[graph]
 
-    Only eager / tf.function variables are tracked; compat graph mode
-    checkpoints the master variables with `tf.compat.v1.train.Saver`.
-    """
-    if self._checkpoint_root is not None and outer_context_is_eager():
+  def track(self, name, node):
+    """Makes `node` (a trackable) the checkpoint entry of variable `name`,
+    under `checkpoint_root()`."""
+    root = self.checkpoint_root()
+    if root is not None:
       with tf.init_scope():
-        checkpointing.track(self._checkpoint_root, name, node)
+        checkpointing.track(root, name, node)
+
+  def tf_variables(self):
+    """Every TF variable of the current context's entries (slices, masters,
+    counters), e.g. to initialise a compat graph's slices, which are in no
+    collection."""
+    found = {}
+    for entry in self._entries().values():
+      if isinstance(entry, tf.Variable):
+        candidates = [entry]
+      else:
+        stack = getattr(entry, "stack", None)
+        slices = stack.slices if stack is not None else getattr(
+            entry, "slices", [])
+        candidates = list(slices) + [getattr(entry, "master", None)]
+      for variable in candidates:
+        if variable is not None:
+          found[id(variable)] = variable
+    return list(found.values())
 
   def counter(self, name):
     """A scalar int64 variable starting at 0, created on first use (on the
@@ -116,6 +150,7 @@ class VariableStore:
           entries[name] = tf.compat.v1.Variable(
               tf.constant(0, tf.int64), name=name, trainable=False,
               use_resource=True)
+          self.track(name, entries[name])
     return entries[name]
 
   def eager_entries(self):
@@ -150,12 +185,13 @@ def initial_value(variable):
   else:
     value = init
   value = tf.cast(tf.convert_to_tensor(value), dtype)
-  if value.shape.as_list() != shape:
-    if value.shape.rank == 0:
+  got = slice_utils.static_shape(value)
+  if got != shape:
+    if not got:
       value = tf.fill(shape, value)
     else:
       raise errors.ShapeError(
           f"Initializer of variable {variable.name!r} gave a value of shape "
-          f"{value.shape.as_list()}, but the variable has shape "
+          f"{got}, but the variable has shape "
           f"{variable.shape}.")
   return value

@@ -28,6 +28,7 @@ For `utils.run` (see gin/problems/addition.gin):
 import gin
 import tensorflow as tf
 
+from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
@@ -113,7 +114,8 @@ def addition_dataset(split="train", max_digits=3, seed=0,
 
 def addition_examples(split, max_digits=3, seed=0):
   """Yields the (inputs, targets) strings of `addition_dataset`, forever."""
-  for ex in addition_dataset(split, max_digits, seed).as_numpy_iterator():
+  for ex in host_values.numpy_iterator(
+      addition_dataset(split, max_digits, seed)):
     yield ex["inputs"].decode("ascii"), ex["targets"].decode("ascii")
 
 

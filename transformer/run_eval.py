@@ -16,7 +16,7 @@ import random
 from absl import logging
 import tensorflow as tf
 
-from mesh_tensorflow.ops import debug
+from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import run_checkpoints
 from mesh_tensorflow.transformer import run_inference
@@ -93,11 +93,10 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size,
   eval_summary_dir = eval_summary_dir or os.path.join(
       model_dir, f"{dataset_split}_eval")
   tf.io.gfile.makedirs(eval_summary_dir)
-  writer = tf.summary.create_file_writer(eval_summary_dir)
 
   examples, targets = {}, {}
   for eval_dataset in eval_datasets:
-    cached = list(eval_dataset.dataset_fn().as_numpy_iterator())
+    cached = list(host_values.numpy_iterator(eval_dataset.dataset_fn()))
     examples[eval_dataset.name] = cached
     run_inference.maybe_add_pretokenized_features(cached, vocabulary)
     targets[eval_dataset.name] = [
@@ -125,6 +124,7 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size,
       outputs = run_inference.decode(estimator, input_fn, vocabulary,
                                      checkpoint_path)
     results[step] = {}
+    scalars = {}
     for eval_dataset in eval_datasets:
       cached = examples[eval_dataset.name]
       mine, outputs = outputs[:len(cached)], outputs[len(cached):]
@@ -135,15 +135,14 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size,
                        for d, ex in zip(mine, cached)]
         run_inference.write_lines_to_file(predictions, os.path.join(
             eval_summary_dir, f"{eval_dataset.name}_{step}_predictions"))
-      with writer.as_default(step=step):
-        for metric_fn in eval_dataset.metric_fns:
-          for name, value in metric_fn(targets[eval_dataset.name],
-                                       predictions).items():
-            tag = f"eval/{eval_dataset.name}/{name}"
-            logging.info("%s at step %d: %.3f", tag, step, value)
-            debug.write_scalar(tag, float(value))
-            results[step][f"{eval_dataset.name}/{name}"] = float(value)
-    writer.flush()
+      for metric_fn in eval_dataset.metric_fns:
+        for name, value in metric_fn(targets[eval_dataset.name],
+                                     predictions).items():
+          tag = f"eval/{eval_dataset.name}/{name}"
+          logging.info("%s at step %d: %.3f", tag, step, value)
+          scalars[tag] = float(value)
+          results[step][f"{eval_dataset.name}/{name}"] = float(value)
+    host_values.write_scalars(eval_summary_dir, step, scalars)
     expected_padding = -sum(len(c) for c in examples.values()) % batch_size
     if len(outputs) != expected_padding:
       raise ValueError(f"{len(outputs)} padded decodes, {expected_padding} "
@@ -192,6 +191,7 @@ def perplexity_eval(estimator, vocabulary, sequence_length, batch_size,
       eval_checkpoint_step, model_dir):
     step = run_checkpoints.get_step_from_checkpoint_path(checkpoint_path)
     results[step] = {}
+    scalars = {}
     for eval_dataset in eval_datasets:
       tf.random.set_seed(12345)
       random.seed(12345)

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import export
+from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import run_checkpoints
 from mesh_tensorflow.transformer import run_settings
@@ -310,7 +311,7 @@ def decode_from_dataset(estimator,
                               dataset_split=dataset_split)
   for infer_dataset in datasets:
     infer_dataset = transformer_dataset.EvalDataset(*infer_dataset)
-    examples = list(infer_dataset.dataset_fn().as_numpy_iterator())
+    examples = list(host_values.numpy_iterator(infer_dataset.dataset_fn()))
 
     def input_fn(params, dataset=infer_dataset):
       del params

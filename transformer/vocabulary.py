@@ -20,6 +20,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.estimator import host_values
+
 PAD_ID = 0
 EOS_ID = 1
 
@@ -80,11 +82,12 @@ class _TensorFlowVocabulary(Vocabulary):
     return 2
 
   def encode(self, s):
-    return self.encode_tf(tf.constant(s)).numpy().tolist()
+    return host_values.evaluate(
+        lambda: self.encode_tf(tf.constant(s))).tolist()
 
   def decode(self, ids):
-    return self.decode_tf(tf.constant(list(ids), tf.int32)).numpy().decode(
-        "utf-8")
+    return host_values.evaluate(lambda: self.decode_tf(
+        tf.constant(list(ids), tf.int32))).decode("utf-8")
 
 
 @gin.configurable(module="mesh_tensorflow.transformer.vocabulary")

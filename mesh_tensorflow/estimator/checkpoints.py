@@ -118,10 +118,22 @@ def remove_partial_checkpoints(model_dir):
 
 
 class Checkpointer:
-  """Restores and saves (mesh implementation, global step) in model_dir."""
+  """Restores and saves (mesh implementation, global step) in model_dir.
 
-  def __init__(self, model_dir, mesh_impl, global_step, max_to_keep=5):
-    self._checkpoint = tf.train.Checkpoint(model=mesh_impl,
+  Eager (`session` None): the mesh implementation is the "model" node and
+  variables created later are restored as the lowering creates them.
+  Compat graph mode: made in the run's tf.Graph once the model is built
+  (its variables are tracked under the graph's checkpoint root, see
+  variable_store), with the run's `session`, in which restoring and saving
+  run; the keys and files are the same as eager, so either mode resumes
+  the other's checkpoints.
+  """
+
+  def __init__(self, model_dir, mesh_impl, global_step, max_to_keep=5,
+               session=None):
+    self._session = session
+    self._root = mesh_impl.variable_store.checkpoint_root()
+    self._checkpoint = tf.train.Checkpoint(model=self._root,
                                            global_step=global_step)
     # Created now so that `write` saves it too: a plain
     # tf.train.Checkpoint(model=...) then restores with every object matched.
@@ -155,13 +167,15 @@ class Checkpointer:
       return path
     self._status = self._checkpoint.restore(path)
     self._status.expect_partial()
+    if self._session is not None:
+      self._status.run_restore_ops(self._session)
     if not reader.has_tensor(GLOBAL_STEP_KEY) and reader.has_tensor(
         _MTF_GLOBAL_STEP_KEY):
       step = int(reader.get_tensor(_MTF_GLOBAL_STEP_KEY))
       logging.warning("Checkpoint %s holds the step only as the mtf "
                       "variable 'global_step' of an earlier version: "
                       "resuming at step %d.", path, step)
-      self._global_step.assign(step)
+      self._set_step(step)
     logging.info("Restored checkpoint %s", path)
     return path
 
@@ -197,10 +211,21 @@ class Checkpointer:
     keys = checkpointing.variable_keys(reader)
     keys.pop(NAME_BASED_GLOBAL_STEP_KEY, None)
     self._values = checkpointing.ValueRestore(path, reader, keys, wanted)
-    self._values.attach(self._mesh_impl)
+    self._values.attach(self._root)
+    if self._session is not None and self._values.graph_ops:
+      self._session.run(self._values.graph_ops,
+                        feed_dict=self._values.feed_dict)
     key = step_key(reader)
     if key is not None and (wanted is None or wanted("global_step")):
-      self._global_step.assign(int(reader.get_tensor(key)))
+      self._set_step(int(reader.get_tensor(key)))
+
+  def _set_step(self, step):
+    if self._session is None:
+      self._global_step.assign(step)
+      return
+    value = tf.compat.v1.placeholder(tf.int64, [])
+    self._session.run(self._global_step.assign(value, read_value=False),
+                      feed_dict={value: step})
 
   def after_first_trace(self, strict=False):
     """Reports, once, what the first lowering left unrestored.
@@ -266,7 +291,11 @@ class Checkpointer:
       self._cleaned = True
     prefix = os.path.join(self._model_dir, f"{CHECKPOINT_NAME}-{step}")
     try:
-      path = self._checkpoint.write(prefix)
+      if self._session is None:
+        path = self._checkpoint.write(prefix)
+      else:
+        with self._session.as_default():
+          path = self._checkpoint.write(prefix)
     except tf.errors.FailedPreconditionError as e:
       remove_partial_checkpoints(self._model_dir)
       if not self._tracks_input:

@@ -75,7 +75,8 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
   def spec_of(value):
     spec = tf.TensorSpec.from_tensor(value) if tf.is_tensor(value) else value
     shape = spec.shape
-    if default_batch_size is not None and shape.rank and shape[0] is None:
+    if (default_batch_size is not None and shape.rank and
+        tf.compat.dimension_value(shape[0]) is None):
       shape = tf.TensorShape([default_batch_size]).concatenate(shape[1:])
     return tf.TensorSpec(shape, spec.dtype)
 
@@ -115,12 +116,18 @@ def save_serving_model(export_dir_base, predict_fn, receiver,
     after_trace()
   # The slices the program reads, tracked so the SavedModel holds them.
   module.slice_variables = list(concrete.variables)
+  final, temp = new_export_dirs(export_dir_base)
+  tf.saved_model.save(module, temp, signatures={"serving_default": concrete})
+  tf.io.gfile.rename(temp, final)
+  return final.encode()
+
+
+def new_export_dirs(export_dir_base):
+  """(final, temp) directories of a new export: write into temp, then
+  rename it to final (export_dir_base/<timestamp>)."""
   tf.io.gfile.makedirs(export_dir_base)
   stamp = int(time.time())
   while tf.io.gfile.exists(os.path.join(export_dir_base, str(stamp))):
     stamp += 1
-  final = os.path.join(export_dir_base, str(stamp))
-  temp = os.path.join(export_dir_base, f"temp-{stamp}")
-  tf.saved_model.save(module, temp, signatures={"serving_default": concrete})
-  tf.io.gfile.rename(temp, final)
-  return final.encode()
+  return (os.path.join(export_dir_base, str(stamp)),
+          os.path.join(export_dir_base, f"temp-{stamp}"))

@@ -1,5 +1,7 @@
 """The mesh implementation an estimator run lowers onto, from its config."""
 
+import contextlib
+
 import tensorflow as tf
 
 from mesh_tensorflow import placement_mesh_impl
@@ -65,3 +67,16 @@ def mesh_runner(mesh_impl, fn):
     return mesh_impl.run(program, *tf.nest.flatten(args))
 
   return run
+
+
+def new_global_step(mesh_impl):
+  """The int64 training step of a run (made where the program can read it:
+  under the TPUStrategy of a TPU mesh implementation; a resource variable
+  in graph mode too)."""
+  strategy = getattr(mesh_impl, "strategy", None)
+  scope = strategy.scope() if strategy is not None else (
+      contextlib.nullcontext())
+  with scope:
+    return tf.Variable(
+        0, dtype=tf.int64, trainable=False, name="global_step",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

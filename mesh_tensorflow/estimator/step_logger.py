@@ -4,8 +4,6 @@ import time
 
 from absl import logging
 
-from mesh_tensorflow.ops import debug
-
 
 def _crossed(previous, current, every):
   """Whether a multiple of `every` lies in (previous, current]."""
@@ -15,7 +13,8 @@ def _crossed(previous, current, every):
 class StepLogger:
   """Logs "loss = ..., step = ... (... sec)" and "global_step/sec: ..."
   every `log_every` steps, and writes steps/sec to TensorBoard every
-  `summary_every` steps.
+  `summary_every` steps, with `write_scalar(name, value, step)` (None: no
+  summaries; each estimator mode writes its own way).
 
   The training step writes the loss every `summary_every` steps. A loop
   holding no such step writes its last loss here if it is the first or the
@@ -24,8 +23,8 @@ class StepLogger:
   as the original did.
   """
 
-  def __init__(self, writer, start_step, log_every, summary_every):
-    self._writer = writer
+  def __init__(self, write_scalar, start_step, log_every, summary_every):
+    self._write_scalar = write_scalar
     self._log_every = log_every
     self._summary_every = summary_every
     self._last_step = start_step
@@ -38,10 +37,9 @@ class StepLogger:
     last loss is `loss`; `last_loop`: no loop follows in this run."""
     now = time.time()
     summarized = _crossed(self._last_step, step, self._summary_every)
-    if (self._writer is not None and self._summary_every and
+    if (self._write_scalar is not None and self._summary_every and
         not summarized and (self._first_loop or last_loop)):
-      with self._writer.as_default(step=step):
-        debug.write_scalar("loss", loss)
+      self._write_scalar("loss", loss, step)
     self._first_loop = False
     if _crossed(self._last_step, step, self._log_every):
       logged_step, logged_time = self._last_log
@@ -49,11 +47,10 @@ class StepLogger:
       logging.info("loss = %g, step = %d (%.3f sec)", loss, step, elapsed)
       logging.info("global_step/sec: %g", (step - logged_step) / elapsed)
       self._last_log = (step, now)
-    if self._writer is not None and _crossed(self._last_step, step,
-                                             self._summary_every):
+    if self._write_scalar is not None and _crossed(
+        self._last_step, step, self._summary_every):
       summary_step, summary_time = self._last_summary
       rate = (step - summary_step) / max(now - summary_time, 1e-9)
-      with self._writer.as_default(step=step):
-        debug.write_scalar("global_step/sec", rate)
+      self._write_scalar("global_step/sec", rate, step)
       self._last_summary = (step, now)
     self._last_step = step

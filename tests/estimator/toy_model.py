@@ -73,6 +73,26 @@ def predict_input_fn():
   return tf.data.Dataset.from_tensors({"x": INPUTS}).repeat(2)
 
 
+# Runs compared across modes (tests/estimator/test_graph_mode.py): loops of
+# 3 steps (the last one shorter), summaries every 5 steps (inside loops), a
+# checkpoint every 10.
+MODE_STEPS = 20
+MODE_RESUME_STEPS = 10
+MODE_SETTINGS = dict(iterations_per_loop=3, save_summary_steps=5,
+                     log_step_count_steps=5, save_checkpoints_steps=10,
+                     tf_random_seed=7)
+
+
+class LossRecorder:
+  """A training hook keeping the loss of each loop: {step: loss}."""
+
+  def __init__(self):
+    self.losses = {}
+
+  def after_loop(self, step, loss):
+    self.losses[step] = loss
+
+
 def make_estimator(model_dir, mesh_shape="b:2;m:4",
                    layout="batch:b;hidden:m", **config_kwargs):
   config = estimator.RunConfig(model_dir=str(model_dir),
