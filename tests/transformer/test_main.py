@@ -302,7 +302,7 @@ def test_score_from_dataset(trained, tmp_path):
       {"inputs": 8, "targets": 8}, embedded_task.addition_vocabulary(),
       num_eval_examples=NUM_EVAL, max_digits=2)
   assert targets == [
-      ex["targets_plaintext"].decode()
+      ex["targets_pretokenized"].decode()
       for ex in eval_dataset.dataset_fn().as_numpy_iterator()]
   assert (tmp_path / "scores.targets").read_text().splitlines() == targets
 
