@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow import stacking
 
 _SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -162,7 +163,8 @@ class Lowering:
     expected = impl.slice_shape(tensor.shape)
     if isinstance(laid_out_tensor, mesh_impl_lib.LaidOutTensor):
       first = laid_out_tensor.tensor_list[0]
-      actual = first.shape.as_list() if hasattr(first, "shape") else None
+      actual = (slice_utils.static_shape(first) if hasattr(first, "shape")
+                else None)
     else:
       actual = laid_out_tensor.slice_shape
     if actual is not None and actual != expected:

@@ -56,7 +56,7 @@ class LaidOutTensor:
 
   @property
   def slice_shape(self):
-    return self._tensor_list[0].shape.as_list()
+    return slice_utils.static_shape(self._tensor_list[0])
 
   @classmethod
   def from_tensor_list(cls, tensor_list):
@@ -606,14 +606,14 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     num_splits = self._shape[mesh_axis].size
 
     def my_piece(x, which):
-      piece = x.shape[split_axis] // num_splits
-      begin = [0] * x.shape.rank
-      size = x.shape.as_list()
+      size = slice_utils.static_shape(x)
+      piece = size[split_axis] // num_splits
+      begin = [0] * len(size)
       size[split_axis] = piece
       if isinstance(which, int):
         begin[split_axis] = which * piece
       else:
-        begin = tf.one_hot(split_axis, x.shape.rank, dtype=tf.int32) * (
+        begin = tf.one_hot(split_axis, len(size), dtype=tf.int32) * (
             tf.cast(which, tf.int32) * piece)
       return tf.slice(x, begin, size)
 
@@ -661,7 +661,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
 
     def fn(x):
       x = slice_utils.expand_to(x, old_shape, new_shape)
-      if x.shape.as_list() == new_slice_shape:
+      if slice_utils.static_shape(x) == new_slice_shape:
         return x
       return tf.broadcast_to(x, new_slice_shape)
 

@@ -18,6 +18,7 @@ import functools
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 
 # Below this many elements (or when the size does not divide by the group
 # size) allreduce_ring reduces the whole tensor along one chain.
@@ -122,7 +123,7 @@ def allreduce_ring(xs, devices, reduction_fn_string="SUM"):
   n = len(xs)
   if n == 1:
     return list(xs)
-  shape = xs[0].shape.as_list()
+  shape = slice_utils.static_shape(xs[0])
   size = None if None in shape else shape_lib.list_product(shape)
   if size is None or size < _MIN_SHARDED_SIZE or size % n:
     return allreduce_ring_single_shard(xs, devices, reduction_fn_string)
@@ -246,7 +247,7 @@ def alltoall_ring(xs, devices, split_axis, concat_axis):
                            split_axis))
       backward.append(_join(
           [pieces[(i - d) % n] for d in range(1, behind + 1)], split_axis))
-  piece_size = xs[0].shape[split_axis] // n
+  piece_size = slice_utils.static_shape(xs[0])[split_axis] // n
   for hop in range(1, max(ahead, behind) + 1):
     new_forward, new_backward = [None] * n, [None] * n
     for i, device in enumerate(devices):
@@ -277,7 +278,7 @@ def _join(pieces, axis):
 
 def _split_first(message, piece_size, axis):
   """(first piece, the rest or None) of a message on `axis`."""
-  total = message.shape[axis]
+  total = slice_utils.static_shape(message)[axis]
   if total == piece_size:
     return tf.identity(message), None
   mine, rest = tf.split(message, [piece_size, total - piece_size], axis=axis)

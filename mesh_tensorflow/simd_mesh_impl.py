@@ -43,6 +43,7 @@ from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import placement_variables
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import simd_collectives
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow import tpu_collectives
 from mesh_tensorflow import tpu_topology
 from mesh_tensorflow import tpu_variables
@@ -353,7 +354,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     """[group size * d0, ...]: the group's slices stacked in order."""
     gathered = self._collectives.all_gather(
         t, self.processor_groups([mesh_axis]))
-    shape = t.shape.as_list()
+    shape = slice_utils.static_shape(t)
     gathered.set_shape([shape[0] * self.shape[mesh_axis].size] + shape[1:])
     return gathered
 

@@ -2,11 +2,33 @@
 
 Slices have static shapes, so these helpers compute permutations and reshapes
 in Python from the mtf shapes involved.
+
+`static_shape` is where the shape of a TensorFlow tensor enters the lowering:
+every lowering reads a slice's shape through it and gets Python ints. Under
+`tf.compat.v1.disable_v2_behavior()` (or `disable_v2_tensorshape()`), which
+programs written for TensorFlow 1 call, `tf.Tensor.shape[i]` is a v1
+`Dimension`, which neither arithmetic with ints nor `tf.slice` accepts.
 """
 
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
+
+
+def static_shape(x):
+  """The static shape of TF tensor (or TensorShape) `x` as a list.
+
+  Each entry is a Python int, or None where the size is unknown, whichever
+  TensorShape behaviour (v1 or v2) is on.
+
+  Raises:
+    ValueError: the rank of `x` is unknown.
+  """
+  shape = x if isinstance(x, tf.TensorShape) else x.shape
+  if shape.rank is None:
+    raise ValueError(f"The rank of {x!r} is unknown; the lowering needs "
+                     "slices of known rank.")
+  return shape.as_list()
 
 
 def transpose_to(x, old_shape, new_shape):
@@ -41,7 +63,7 @@ def expand_to(x, old_shape, new_shape, leading_ones=True):
   x = transpose_to(x, old_shape, ordered)
   if len(ordered) == len(new_shape):
     return x
-  slice_sizes = dict(zip(ordered.dimension_names, x.shape.as_list()))
+  slice_sizes = dict(zip(ordered.dimension_names, static_shape(x)))
   target = [slice_sizes.get(name, 1) for name in new_names]
   if not leading_ones:
     first = new_names.index(ordered.dimension_names[0]) if ordered else len(

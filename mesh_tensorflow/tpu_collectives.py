@@ -24,6 +24,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.tpu.ops import tpu_ops  # pylint: disable=g-direct-tensorflow-import
 
+from mesh_tensorflow import slice_utils
+
 _REDUCTIONS = ("SUM", "MAX", "MIN")
 
 # Dtypes that AllToAll / CollectivePermute move as they are on TPU.
@@ -106,7 +108,9 @@ def _unpack_rows(words, dtype, row_size):
 
 def _shape(t):
   """t's shape: a list of ints if known, else a tensor."""
-  return t.shape.as_list() if t.shape.is_fully_defined() else tf.shape(t)
+  if t.shape.is_fully_defined():
+    return slice_utils.static_shape(t)
+  return tf.shape(t)
 
 
 def _num_elements(t):
@@ -254,7 +258,7 @@ class TpuCollectives:
     if isinstance(shape, list):
       return tf.reshape(rows, [n * shape[0]] + shape[1:])
     gathered = tf.reshape(rows, tf.concat([[n * shape[0]], shape[1:]], 0))
-    static = x.shape.as_list()
+    static = slice_utils.static_shape(x)
     gathered.set_shape([None if static[0] is None else n * static[0]] +
                        static[1:])
     return gathered
@@ -266,7 +270,9 @@ class TpuCollectives:
     axis 0 in group order."""
     x = tf.convert_to_tensor(x)
     n, physical, _ = self._groups(group_assignment)
-    if x.shape.rank == 0 or (x.shape[0] is not None and x.shape[0] % n):
+    rank = x.shape.rank
+    first = slice_utils.static_shape(x)[0] if rank else None
+    if rank == 0 or (first is not None and first % n):
       raise ValueError(
           f"TpuCollectives.all_to_all: axis 0 of x (shape {x.shape}) must "
           f"split into {n} blocks, one per group member.")

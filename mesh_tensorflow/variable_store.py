@@ -23,6 +23,7 @@ from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import errors
+from mesh_tensorflow import slice_utils
 
 
 def outer_context_is_eager():
@@ -164,12 +165,13 @@ def initial_value(variable):
   else:
     value = init
   value = tf.cast(tf.convert_to_tensor(value), dtype)
-  if value.shape.as_list() != shape:
-    if value.shape.rank == 0:
+  got = slice_utils.static_shape(value)
+  if got != shape:
+    if not got:
       value = tf.fill(shape, value)
     else:
       raise errors.ShapeError(
           f"Initializer of variable {variable.name!r} gave a value of shape "
-          f"{value.shape.as_list()}, but the variable has shape "
+          f"{got}, but the variable has shape "
           f"{variable.shape}.")
   return value

@@ -75,7 +75,8 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
   def spec_of(value):
     spec = tf.TensorSpec.from_tensor(value) if tf.is_tensor(value) else value
     shape = spec.shape
-    if default_batch_size is not None and shape.rank and shape[0] is None:
+    if (default_batch_size is not None and shape.rank and
+        tf.compat.dimension_value(shape[0]) is None):
       shape = tf.TensorShape([default_batch_size]).concatenate(shape[1:])
     return tf.TensorSpec(shape, spec.dtype)
 

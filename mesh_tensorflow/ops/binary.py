@@ -109,7 +109,7 @@ class BinaryOpWithBroadcasting(graph_lib.Operation):
     def fn(a, b):
       y = self._tf_fn(slice_utils.expand_to(a, x1.shape, out_shape),
                       slice_utils.expand_to(b, x2.shape, out_shape))
-      if y.shape.as_list() != out_slice_shape:
+      if slice_utils.static_shape(y) != out_slice_shape:
         y = tf.broadcast_to(y, out_slice_shape)
       return y
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import reshapes
 
 
@@ -41,7 +42,8 @@ def import_tf_tensor(mesh, tf_tensor, shape=None, name=None):
   """Imports a tf.Tensor (its full value) with the mtf `shape`."""
   if shape is None:
     tf_tensor = tf.convert_to_tensor(tf_tensor)
-    shape = [(f"dim{i}", s) for i, s in enumerate(tf_tensor.shape.as_list())]
+    shape = [(f"dim{i}", s)
+             for i, s in enumerate(slice_utils.static_shape(tf_tensor))]
   return ImportOperation(mesh, tf_tensor, shape, name=name).outputs[0]
 
 
@@ -106,10 +108,11 @@ class ImportLaidOutTensorOperation(graph_lib.Operation):
           "for PlacementMeshImpl, one for SIMD).")
     want = impl.slice_shape(shape)
     for i, s in enumerate(slices):
-      if s.shape.as_list() != want:
+      got = slice_utils.static_shape(s)
+      if got != want:
         raise errors.LayoutError(
             f"import_laid_out_tensor {self.name!r}: slice {i} has shape "
-            f"{s.shape.as_list()}, but {shape} laid out by {impl!r} has "
+            f"{got}, but {shape} laid out by {impl!r} has "
             f"slices of shape {want}.")
 
   def lower(self, lowering):

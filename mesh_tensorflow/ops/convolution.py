@@ -37,6 +37,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import shifts
 from mesh_tensorflow.ops import slicing
 
@@ -108,10 +109,11 @@ def _transpose_output_size(size, filter_size, stride, padding):
 def _flatten_batch_dims(x, num_kept):
   """Reshapes slice `x` to [batch, last `num_kept` axes]; returns the
   reshaped slice and a function restoring the batch axes of a result."""
-  shape = x.shape.as_list()
+  shape = slice_utils.static_shape(x)
   batch = shape[:len(shape) - num_kept]
   flat = tf.reshape(x, [shape_lib.list_product(batch)] + shape[len(batch):])
-  return flat, lambda y: tf.reshape(y, batch + y.shape.as_list()[1:])
+  return flat, lambda y: tf.reshape(
+      y, batch + slice_utils.static_shape(y)[1:])
 
 
 def _tf_conv(rank):
@@ -332,7 +334,7 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
       flat, restore = _flatten_batch_dims(dy_slice, rank + 1)
       if self._is_transpose:
         return restore(_tf_conv(rank)(flat, f_slice, strides, padding))
-      sizes = [flat.shape[0]] + kept
+      sizes = slice_utils.static_shape(flat)[:1] + kept
       return restore(_tf_backprop_input(rank)(
           input_sizes=sizes, filter=f_slice, out_backprop=flat,
           strides=strides, padding=padding))
@@ -481,7 +483,8 @@ class _ConvTransposeOperation(_ConvBase):
     def fn(x_slice, f_slice):
       flat, restore = _flatten_batch_dims(x_slice, rank + 1)
       return restore(_tf_backprop_input(rank)(
-          input_sizes=[flat.shape[0]] + kept, filter=f_slice,
+          input_sizes=slice_utils.static_shape(flat)[:1] + kept,
+          filter=f_slice,
           out_backprop=flat, strides=strides, padding=padding))
 
     y = impl.slicewise(fn, lowering.laid_out_tensor(x),

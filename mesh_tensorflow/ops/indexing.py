@@ -173,7 +173,7 @@ class ScatterAddOperation(graph_lib.Operation):
     def fn(i, u, o=None):
       u = slice_utils.transpose_to(u, updates.shape, ordered)
       flat_i = tf.reshape(i, [-1])
-      u = tf.reshape(u, [-1] + u.shape.as_list()[i.shape.rank:])
+      u = tf.reshape(u, [-1] + slice_utils.static_shape(u)[i.shape.rank:])
       if o is not None:
         flat_i = flat_i - tf.cast(o, flat_i.dtype)
         flat_i = tf.where((flat_i >= 0) & (flat_i < block), flat_i,

@@ -18,6 +18,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 
 __all__ = [
     "PoolBackPropOperation",
@@ -40,10 +41,11 @@ _POOLS = {
 
 
 def _flatten_batch_dims(x, num_kept):
-  shape = x.shape.as_list()
+  shape = slice_utils.static_shape(x)
   batch = shape[:len(shape) - num_kept]
   flat = tf.reshape(x, [shape_lib.list_product(batch)] + shape[len(batch):])
-  return flat, lambda y: tf.reshape(y, batch + y.shape.as_list()[1:])
+  return flat, lambda y: tf.reshape(
+      y, batch + slice_utils.static_shape(y)[1:])
 
 
 def _validate(x, ksize, strides, pool_fn_string, context):
@@ -167,7 +169,7 @@ class PoolBackPropOperation(graph_lib.Operation):
         dx = grad_fn(orig_input=x_flat, orig_output=y_flat, grad=dy_flat,
                      ksize=window, strides=window, padding="VALID")
       else:
-        dx = grad_fn(orig_input_shape=x_flat.shape.as_list(), grad=dy_flat,
+        dx = grad_fn(orig_input_shape=slice_utils.static_shape(x_flat), grad=dy_flat,
                      ksize=window, strides=window, padding="VALID")
       return restore(dx)
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
@@ -57,8 +58,8 @@ def _dim_of(x, dim, context):
 
 def _take(x, axis, begin, size):
   """Entries [begin, begin + size) of slice `x` along `axis`."""
-  starts = [0] * x.shape.rank
-  sizes = [-1] * x.shape.rank
+  starts = [0] * len(slice_utils.static_shape(x))
+  sizes = [-1] * len(starts)
   starts[axis] = begin
   sizes[axis] = size
   return tf.slice(x, starts, sizes)
@@ -66,7 +67,7 @@ def _take(x, axis, begin, size):
 
 def _local_shift(x, axis, offset, wrap):
   """shift of one slice whose `axis` is the whole dimension."""
-  size = x.shape[axis]
+  size = slice_utils.static_shape(x)[axis]
   if wrap:
     offset %= size
     if offset == 0:
@@ -75,7 +76,7 @@ def _local_shift(x, axis, offset, wrap):
                       _take(x, axis, 0, size - offset)], axis=axis)
   if abs(offset) >= size:
     return tf.zeros_like(x)
-  pads = [[0, 0]] * x.shape.rank
+  pads = [[0, 0]] * len(slice_utils.static_shape(x))
   if offset > 0:
     pads[axis] = [offset, 0]
     return tf.pad(_take(x, axis, 0, size - offset), pads)

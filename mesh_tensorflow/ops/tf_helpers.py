@@ -9,6 +9,7 @@ implementations and user code written for the original use them.
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 
 __all__ = [
     "binary_reduction_fn",
@@ -103,10 +104,10 @@ def pool_fn(pool_fn_string):
   rank, tf_pool = _lookup(_POOLS, pool_fn_string, "pool_fn_string")
 
   def pool(x, ksize, strides, padding):
-    shape = x.shape.as_list()
+    shape = slice_utils.static_shape(x)
     batch = shape[:len(shape) - rank - 1]
     flat = tf.reshape(x, [shape_lib.list_product(batch)] + shape[len(batch):])
     y = tf_pool(flat, ksize, strides, padding)
-    return tf.reshape(y, batch + y.shape.as_list()[1:])
+    return tf.reshape(y, batch + slice_utils.static_shape(y)[1:])
 
   return pool
