@@ -52,8 +52,9 @@ def test_static_shape_gives_ints_in_both_behaviours():
   x = tf.zeros([2, 3])
   with mtf_testing.v1_tensor_shapes():
     assert _is_v1_dimension(x.shape[0])
-    assert slice_utils.static_shape(x) == [2, 3]
-    assert all(type(s) is int for s in slice_utils.static_shape(x))  # pylint: disable=unidiomatic-typecheck
+    sizes = slice_utils.static_shape(x)
+    # A v1 Dimension compares equal to its int: check the types too.
+    assert sizes == [2, 3] and [type(s) for s in sizes] == [int, int]
     assert slice_utils.static_shape(
         tf.TensorShape([None, 4])) == [None, 4]
   assert slice_utils.static_shape(x) == [2, 3]
