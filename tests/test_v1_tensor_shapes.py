@@ -144,3 +144,13 @@ def test_recompute_grad_of_fully_replicated_import_split(mode):
                                    build)
   np.testing.assert_array_equal(got["y"], [30, 110])
   np.testing.assert_array_equal(got["d_x"], [22, 63])
+
+
+def test_serving_receiver_fills_an_unknown_batch_with_v1_shapes():
+  """An unknown batch dimension reads as Dimension(None), not None, with
+  TF1's shapes; the receiver still fills in default_batch_size."""
+  with mtf_testing.v1_tensor_shapes():
+    receiver = mtf.estimator.build_raw_serving_input_receiver_fn(
+        {"x": tf.TensorSpec([None, 3], tf.float32)}, default_batch_size=4)()
+    shape = receiver.receiver_tensors["x"].shape
+  assert shape.as_list() == [4, 3]
