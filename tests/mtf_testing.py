@@ -5,8 +5,17 @@ in each of TensorFlow's three execution modes on PlacementMeshImpl, and in
 tf.function mode on SimdMeshImpl (host collectives; mode "simd"), and
 compares the exported values (and gradients) with a NumPy reference computed
 in float64.
+
+Mode "graph_v1_shapes" is graph mode with TensorFlow 1's TensorShape
+behaviour on (`tf.Tensor.shape[i]` is a `Dimension`), as programs that call
+`tf.compat.v1.disable_v2_behavior()` have it. `layout_mode_params` adds it
+for the layout in V1_SHAPES_LAYOUTS (the 2-D mesh, whose collectives run on
+two mesh axes), not for all of them: it lowers the same way as "graph", and
+the suite has a time budget (all standard layouts cost ~5 minutes of CPU
+time, this one ~1.5).
 """
 
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -19,6 +28,37 @@ NUM_DEVICES = 8
 # PlacementMeshImpl.
 PLACEMENT_MODES = ("eager", "function", "graph")
 MODES = PLACEMENT_MODES + ("simd",)
+# Graph mode with TF1's TensorShape behaviour (PlacementMeshImpl).
+V1_SHAPES_MODE = "graph_v1_shapes"
+# standard_layouts case ids that layout_mode_params also runs in
+# V1_SHAPES_MODE.
+V1_SHAPES_LAYOUTS = ("2d",)
+# The modes that run a compat-mode tf.Graph in a Session.
+GRAPH_MODES = ("graph", V1_SHAPES_MODE)
+
+
+@contextlib.contextmanager
+def v1_tensor_shapes():
+  """Turns TF1's TensorShape behaviour on for the block.
+
+  TensorFlow keeps it in a process-wide flag, so the previous behaviour is
+  restored on the way out, whatever happens inside.
+  """
+  was_v2 = not isinstance(tf.TensorShape([1])[0], tf.compat.v1.Dimension)
+  tf.compat.v1.disable_v2_tensorshape()
+  try:
+    yield
+  finally:
+    if was_v2:
+      tf.compat.v1.enable_v2_tensorshape()
+
+
+def tensor_shapes_of(mode):
+  """A context with the TensorShape behaviour of `mode`, for tests that
+  run a mode themselves (v1 in V1_SHAPES_MODE, unchanged otherwise)."""
+  if mode == V1_SHAPES_MODE:
+    return v1_tensor_shapes()
+  return contextlib.nullcontext()
 
 
 def configure_logical_devices(num_devices=NUM_DEVICES):
@@ -78,7 +118,8 @@ def run_in_mode(mode, build_and_lower, impl=None, each_processor=False):
   """Runs `build_and_lower()` -> (lowering, structure of tf tensors).
 
   Returns the structure as NumPy values, computed eagerly, inside a
-  tf.function, or in a compat-mode tf.Graph with a Session. In "simd" mode
+  tf.function, or in a compat-mode tf.Graph with a Session (with TF1's
+  TensorShape behaviour in V1_SHAPES_MODE). In "simd" mode
   (`impl` must be the SimdMeshImpl lowered onto, from `make_impl`) it is
   the program of one processor, run on all of them inside a tf.function;
   the result is processor 0's, or every processor's as a list when
@@ -107,6 +148,9 @@ def run_in_mode(mode, build_and_lower, impl=None, each_processor=False):
 
     result = tf.function(traced)()
     return tf.nest.map_structure(np.asarray, result)
+  if mode == V1_SHAPES_MODE:
+    with v1_tensor_shapes():
+      return run_in_mode("graph", build_and_lower)
   if mode == "graph":
     with tf.Graph().as_default():
       lowering, result = build_and_lower()
@@ -159,7 +203,7 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
     np_fn: fn(**arrays) -> dict of NumPy outputs with the same keys.
     inputs: dict name -> (NumPy array, list of dimension names).
     mesh_shape, layout: the mesh and its layout rules.
-    mode: one of MODES.
+    mode: one of MODES, or V1_SHAPES_MODE.
     grad_wrt: names of float inputs to check gradients for (default: all
       float inputs when any output is float; [] disables).
     np_grad_fn: optional fn(cotangents, **arrays) -> dict of expected
@@ -272,12 +316,24 @@ def assert_replicas_agree(slices, begins, what):
       first[key] = pnum
 
 
-def layout_mode_params(dim_names, modes=MODES):
-  """pytest parameters (mesh_shape, layout, mode) with readable ids."""
+def layout_mode_params(dim_names, modes=MODES,
+                       v1_shapes_layouts=V1_SHAPES_LAYOUTS):
+  """pytest parameters (mesh_shape, layout, mode) with readable ids.
+
+  Every standard layout in each of `modes`; when `modes` has "graph", also
+  the layouts named in `v1_shapes_layouts` in V1_SHAPES_MODE.
+  """
   import pytest  # pylint: disable=g-import-not-at-top
-  return [pytest.param(mesh, layout, mode, id=f"{case_id}-{mode}")
-          for case_id, mesh, layout in standard_layouts(dim_names)
-          for mode in modes]
+  layouts = standard_layouts(dim_names)
+  params = [pytest.param(mesh, layout, mode, id=f"{case_id}-{mode}")
+            for case_id, mesh, layout in layouts for mode in modes]
+  if "graph" in modes and V1_SHAPES_MODE not in modes:
+    params += [
+        pytest.param(mesh, layout, V1_SHAPES_MODE,
+                     id=f"{case_id}-{V1_SHAPES_MODE}")
+        for case_id, mesh, layout in layouts
+        if case_id in v1_shapes_layouts]
+  return params
 
 
 def import_array(mesh, array, dims):
@@ -294,7 +350,7 @@ def run_program(mesh_shape, layout, mode, build, fetch_variables=True):
 
   Args:
     mesh_shape, layout: the mesh and its layout rules.
-    mode: one of MODES.
+    mode: one of MODES, or V1_SHAPES_MODE.
     build: fn(mesh) -> (outputs, loss, wrt): a dict of mtf Tensors to fetch,
       a scalar mtf loss (or None) and a dict of mtf Tensors to differentiate
       it by; gradients come back as "d_<name>".

@@ -496,8 +496,8 @@ class _ConvTransposeOperation(_ConvBase):
       flat, restore = _flatten_batch_dims(x_slice, rank + 1)
       return restore(_tf_backprop_input(rank)(
           input_sizes=slice_utils.static_shape(flat)[:1] + kept,
-          filter=f_slice,
-          out_backprop=flat, strides=strides, padding=padding))
+          filter=f_slice, out_backprop=flat, strides=strides,
+          padding=padding))
 
     y = impl.slicewise(fn, lowering.laid_out_tensor(x),
                        lowering.laid_out_tensor(conv_filter))

@@ -169,8 +169,9 @@ class PoolBackPropOperation(graph_lib.Operation):
         dx = grad_fn(orig_input=x_flat, orig_output=y_flat, grad=dy_flat,
                      ksize=window, strides=window, padding="VALID")
       else:
-        dx = grad_fn(orig_input_shape=slice_utils.static_shape(x_flat), grad=dy_flat,
-                     ksize=window, strides=window, padding="VALID")
+        dx = grad_fn(orig_input_shape=slice_utils.static_shape(x_flat),
+                     grad=dy_flat, ksize=window, strides=window,
+                     padding="VALID")
       return restore(dx)
 
     x, y, dy = (lowering.laid_out_tensor(t) for t in self._inputs)

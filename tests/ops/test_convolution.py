@@ -270,7 +270,10 @@ BLOCK_LAYOUTS = [
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", [
     pytest.param(mesh, layout, mode, id=f"{case}-{mode}")
-    for case, mesh, layout in BLOCK_LAYOUTS for mode in mtf_testing.MODES])
+    for case, mesh, layout in BLOCK_LAYOUTS for mode in mtf_testing.MODES] + [
+        pytest.param(mesh, layout, mtf_testing.V1_SHAPES_MODE,
+                     id=f"{case}-{mtf_testing.V1_SHAPES_MODE}")
+        for case, mesh, layout in BLOCK_LAYOUTS[:2]])
 def test_conv2d_with_blocks(mesh_shape, layout, mode):
   # Halos: 1 and 2 rows (blocks of 3 rows), 1 column (blocks of 2 columns).
   # Without w_blocks_dim the w blocks are convolved independently, with zero

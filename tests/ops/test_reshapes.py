@@ -117,8 +117,11 @@ class RecordingMeshImpl(mtf.placement_mesh_impl.PlacementMeshImpl):
 
 
 def _custom_params(cases):
+  # Every case in V1_SHAPES_MODE too: these are the collectives a layout
+  # change lowers to.
+  modes = mtf_testing.MODES + (mtf_testing.V1_SHAPES_MODE,)
   return [pytest.param(*case[1:], mode, id=f"{case[0]}-{mode}")
-          for case in cases for mode in mtf_testing.MODES]
+          for case in cases for mode in modes]
 
 
 @pytest.mark.parametrize("mesh_shape,layout,old,new,calls,mode",

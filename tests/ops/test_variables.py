@@ -55,7 +55,7 @@ def _run(mode, impl, build):
     results = tf.function(
         lambda: impl.run(lambda: tensors_only(build_and_lower())))()
   else:
-    with tf.Graph().as_default():
+    with mtf_testing.tensor_shapes_of(mode), tf.Graph().as_default():
       phases = build_and_lower()
       with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -324,8 +324,8 @@ def test_master_get_assign_and_device(mesh_shape, layout, mode):
     lowering = mtf.Lowering(graph, {mesh: impl})
     return lowering, lowering.export_to_tf_tensor(w)
 
-  if mode == "graph":
-    with tf.Graph().as_default():
+  if mode in mtf_testing.GRAPH_MODES:
+    with mtf_testing.tensor_shapes_of(mode), tf.Graph().as_default():
       lowering, value = lower()
       master = var.get_master()
       assert isinstance(master, tf.Variable) and master.dtype == tf.float32
@@ -462,7 +462,7 @@ def test_variable_dtypes(mesh_shape, layout, mode):
         master, slice_dtype, activation)
     laid_out = lowering.variables[var]
     assert {v.dtype for v in laid_out.slice_variables} == {slice_dtype}
-    if mode == "graph":
+    if mode in mtf_testing.GRAPH_MODES:
       assert laid_out.master.dtype == master
 
 
@@ -533,7 +533,7 @@ def _train(mode, impl):
     losses += [step().numpy() for _ in range(STEPS - 1)]
     assert step.experimental_get_tracing_count() == traces <= 2
   else:
-    with tf.Graph().as_default():
+    with mtf_testing.tensor_shapes_of(mode), tf.Graph().as_default():
       lowering, loss, updates = lower_step()
       train_op = tf.group(*updates)
       with tf.compat.v1.Session() as sess:
@@ -556,7 +556,7 @@ def test_training_is_layout_independent(mesh_shape, layout, mode):
   want = _numpy_training_losses()
   assert want[-1] < 0.8 * want[0]  # It learns.
   np.testing.assert_allclose(losses, want, rtol=1e-5, atol=1e-6)
-  if mode != "graph":
+  if mode not in mtf_testing.GRAPH_MODES:
     # Variables were created once, on the first step, and persisted.
     assert sorted(impl.variable_store.eager_entries()) == ["w1", "w2"]
 

@@ -8,9 +8,12 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
 from tests import mtf_testing
 from tests.transformer import layer_testing
+from tests.transformer import model_testing
+from tests.transformer import tiny_layers
 
 BATCH = mtf.Dimension("batch", 8)
 LENGTH = mtf.Dimension("length", 8)
@@ -231,13 +234,16 @@ def test_incremental_decoding_same_under_layouts():
       modes=("function",))
 
 
-def test_conv1d_layer_incremental_is_valid_convolution_of_window():
+# V1_SHAPES_MODE: TF1's TensorShape behaviour, as under
+# tf.compat.v1.disable_v2_behavior() (the window's shift reads slice shapes).
+@pytest.mark.parametrize("mode", ["function", mtf_testing.V1_SHAPES_MODE])
+def test_conv1d_layer_incremental_is_valid_convolution_of_window(mode):
   """As in the original, a decoding step of Conv1DLayer is a VALID
   convolution over the last filter_size inputs (a causal filter), while
   the full pass is a SAME convolution."""
   prefix = 2
   got, _ = mtf_testing.run_program(
-      "all:1", "", "function",
+      "all:1", "", mode,
       _decoding_builder(lambda: transformer_layers.Conv1DLayer(3, D_MODEL),
                         prefix))
   kernel = got["conv2d/kernel"][0]
@@ -316,3 +322,34 @@ def test_gin_configures_layers_under_original_names():
     assert transformer_layers.Conv1DLayer().filter_size == 5
   finally:
     gin.clear_config()
+
+
+def test_lm_with_conv_layers_decodes_alike_with_v1_tensor_shapes():
+  """A Unitransformer with convolution layers decodes (first part, then a
+  while loop of incremental steps) to the same ids in a TF1-style graph,
+  with TF1's TensorShape behaviour, as in a tf.function."""
+  model = transformer.Unitransformer(
+      transformer.LayerStack([
+          transformer_layers.Conv1DLayer(3, model_testing.D),
+          transformer_layers.SeparableConv1DLayer(-2, 0, model_testing.D),
+          tiny_layers.TinySelfAttention(),
+          tiny_layers.TinyDenseRelu()]),
+      d_model=model_testing.D, input_vocab_size=model_testing.V,
+      output_vocab_size=model_testing.V, autoregressive=True,
+      max_length=model_testing.L, vocab_divisor=model_testing.VOCAB_DIVISOR,
+      name="decoder")
+  prefix = np.where(np.arange(model_testing.L) < 3, model_testing.TARGETS, 0)
+
+  def build(mesh):
+    ids = model.sample_autoregressive(
+        model_testing.import_ids(mesh, prefix), stop_at_token=None)
+    return {"ids": ids}, None, {}
+
+  want, _ = mtf_testing.run_program("all:1", "", "function", build,
+                                    fetch_variables=False)
+  got, _ = mtf_testing.run_program("rows:2;cols:4", "batch:rows;d_ff:cols",
+                                   mtf_testing.V1_SHAPES_MODE, build,
+                                   fetch_variables=False)
+  np.testing.assert_array_equal(want["ids"][:, :3], prefix[:, :3])
+  assert (want["ids"][:, 3:] != 0).any()
+  np.testing.assert_array_equal(got["ids"], want["ids"])
