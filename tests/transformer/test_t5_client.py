@@ -33,6 +33,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator as estimator_lib
 from mesh_tensorflow.transformer import utils as mtf_utils
+from tests.estimator import toy_model
 
 TASK = "mesh_tensorflow_test_reverse_letters"
 SEQUENCE_LENGTH = {"inputs": 8, "targets": 8}
@@ -245,7 +246,7 @@ def test_mtf_model_on_t5_defaults(mtf_model_module, tmp_path):
   model.train(TASK, TRAIN_STEPS)
   assert tf.train.latest_checkpoint(model_dir).endswith(
       f"model.ckpt-{TRAIN_STEPS}")
-  assert TRAIN_STEPS in _event_scalars(model_dir)["loss"]
+  assert TRAIN_STEPS in toy_model.event_scalars(model_dir)["loss"]
 
   # Eval and predict.
   summary_dir = str(tmp_path / "validation_eval")
@@ -314,20 +315,7 @@ def test_mtf_model_on_t5_defaults(mtf_model_module, tmp_path):
   tuned.finetune(TASK, finetune_steps=2, pretrained_model_dir=model_dir)
   assert tf.train.latest_checkpoint(tuned_dir).endswith(
       f"model.ckpt-{TRAIN_STEPS + 2}")
-  assert TRAIN_STEPS + 2 in _event_scalars(tuned_dir)["loss"]
-
-
-def _event_scalars(directory):
-  """{tag: {step: value}} of the TensorBoard event files in `directory`."""
-  scalars = {}
-  for path in tf.io.gfile.glob(os.path.join(directory,
-                                            "events.out.tfevents.*")):
-    for record in tf.data.TFRecordDataset(path):
-      event = tf.compat.v1.Event.FromString(record.numpy())
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, {})[event.step] = float(
-            tf.make_ndarray(value.tensor))
-  return scalars
+  assert TRAIN_STEPS + 2 in toy_model.event_scalars(tuned_dir)["loss"]
 
 
 def _reference_scores(model_dir, inputs, targets):
