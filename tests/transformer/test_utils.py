@@ -78,8 +78,12 @@ def test_core_configurables_under_the_original_names():
       VarianceScalingInitializer.scale = 2.0
       mesh_tensorflow.layers.unit_scaling_convention.value = True
       """)
+  # Gin's configurable builds the core class itself (registered without
+  # rebinding mtf.optimize.AdafactorOptimizer), with the bindings.
   ref = gin.get_configurable("mesh_tensorflow.optimize.AdafactorOptimizer")
-  assert ref is mtf.optimize.AdafactorOptimizer
+  built = ref()
+  assert built.__class__ is mtf.optimize.AdafactorOptimizer
+  assert built._beta1 == 0.5  # pylint: disable=protected-access
   # As in the original, a direct call sees the bindings too.
   optimizer = mtf.optimize.AdafactorOptimizer()
   assert optimizer._beta1 == 0.5  # pylint: disable=protected-access
