@@ -139,9 +139,90 @@ def test_train_dataset_fn_resumes_from_a_checkpoint(tmp_path):
   np.testing.assert_array_equal(got, expected)
 
 
+def _carries(inputs):
+  a, b = inputs.split("+")
+  return embedded_task.count_carries(int(a), int(b))
+
+
+def test_count_carries():
+  assert embedded_task.count_carries(12, 30) == 0
+  assert embedded_task.count_carries(250, 250) == 1  # Into the hundreds.
+  assert embedded_task.count_carries(57, 68) == 2
+  assert embedded_task.count_carries(999, 1) == 3
+  assert embedded_task.count_carries(0, 0) == 0
+  assert embedded_task.count_carries(5, 5) == 1
+  with pytest.raises(ValueError, match="non-negative"):
+    embedded_task.count_carries(-1, 3)
+
+
+def test_carry_classes_end_in_an_open_class():
+  assert embedded_task.carry_classes(3) == [
+      ("0", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3", 3, 3)]
+  assert embedded_task.carry_classes(1) == [("0", 0, 0), ("1", 1, 1)]
+  assert embedded_task.carry_classes(9)[-1] == ("4+", 4, 9)
+
+
+def test_dataset_of_one_carry_count():
+  sums = _take("validation", 40, carries=2)
+  assert all(_carries(x) == 2 for x, _ in sums)
+  assert all(int(a) + int(b) == int(y)
+             for (a, b), y in ((x.split("+"), y) for x, y in sums))
+  # A subsequence of the split: the held-out sums that carry twice.
+  natural = [p for p in _take("validation", 2000) if _carries(p[0]) == 2]
+  assert sums == natural[:40]
+
+
+def test_eval_set_is_drawn_in_equal_shares_per_carry_count():
+  evals = embedded_task.addition_eval_dataset_fn(
+      LENGTHS, BYTES, dataset_split="validation", num_eval_examples=42)
+  task, = evals
+  rows = list(task.dataset_fn().as_numpy_iterator())
+  sums = [(r["inputs_pretokenized"].decode(),
+           r["targets_pretokenized"].decode()) for r in rows]
+  # 42 sums: 11, 11, 10, 10 for 0, 1, 2, 3 carries, in that order.
+  assert [_carries(x) for x, _ in sums] == (
+      [0] * 11 + [1] * 11 + [2] * 10 + [3] * 10)
+  for x, y in sums:
+    a, b = x.split("+")
+    assert int(a) + int(b) == int(y)
+  for r, (x, y) in zip(rows, sums):
+    assert _text(r["inputs"]) == x and _text(r["targets"]) == y
+  # Held out, distinct, and the same on every call.
+  inputs = [x for x, _ in sums]
+  assert embedded_task.is_held_out(tf.constant(inputs)).numpy().all()
+  assert len(set(inputs)) == len(inputs)
+  assert [r["inputs_pretokenized"] for r in task.dataset_fn()
+          .as_numpy_iterator()] == [r["inputs_pretokenized"] for r in rows]
+  # Three times as many sums that carry three times as among random sums.
+  natural = [_carries(x) for x, _ in _take("validation", 42)]
+  assert natural.count(3) < 10 / 3
+  # The metrics: overall, and per carry count.
+  assert task.metric_fns[:2] == [embedded_task.exact_match,
+                                 embedded_task.digit_accuracy]
+  targets = [y for _, y in sums]
+  predictions = targets[:30] + ["0"] * 12  # Wrong from the 31st on.
+  assert task.metric_fns[2](targets, predictions) == {
+      "exact_match_carries_0": 1.0, "exact_match_carries_1": 1.0,
+      "exact_match_carries_2": pytest.approx(8 / 10),
+      "exact_match_carries_3": 0.0}
+
+
+def test_exact_match_by_carries_checks_the_class_sizes():
+  got = embedded_task.exact_match_by_carries(
+      ["1", "2", "3"], ["1", "0", "3"], class_sizes=[("0", 1), ("1", 0),
+                                                     ("2+", 2)])
+  assert got == {"exact_match_carries_0": 1.0,
+                 "exact_match_carries_2+": 0.5}
+  with pytest.raises(ValueError, match="classes hold 2 examples, but there "
+                     "are 3 targets"):
+    embedded_task.exact_match_by_carries(["1", "2", "3"], ["1", "2", "3"],
+                                         class_sizes=[("0", 2)])
+
+
 def test_eval_dataset_fn_gives_fixed_held_out_examples_with_text():
   evals = embedded_task.addition_eval_dataset_fn(
-      LENGTHS, BYTES, dataset_split="validation", num_eval_examples=30)
+      LENGTHS, BYTES, dataset_split="validation", num_eval_examples=30,
+      by_carries=False)
   assert len(evals) == 1
   task = evals[0]
   assert isinstance(task, dataset.EvalDataset)
@@ -173,7 +254,7 @@ def test_eval_dataset_fn_gives_fixed_held_out_examples_with_text():
 def test_eval_split_overrides_the_run_split():
   evals = embedded_task.addition_eval_dataset_fn(
       LENGTHS, BYTES, dataset_split="train", num_eval_examples=5,
-      split="validation")
+      split="validation", by_carries=False)
   rows = list(evals[0].dataset_fn().as_numpy_iterator())
   assert [r["inputs_pretokenized"].decode() for r in rows] == [
       x for x, _ in _take("validation", 5)]
@@ -256,7 +337,9 @@ def test_addition_gin_file_gives_run_its_problem():
     evals = run["eval_dataset_fn"](sequence_length=LENGTHS,
                                    vocabulary=vocab, dataset_split="train")
     rows = list(evals[0].dataset_fn().as_numpy_iterator())
-    assert [r["inputs_pretokenized"].decode() for r in rows] == [
-        x for x, _ in _take("validation", 4)]
+    inputs = [r["inputs_pretokenized"].decode() for r in rows]
+    # Held-out sums, one for each number of carries.
+    assert [_carries(x) for x in inputs] == [0, 1, 2, 3]
+    assert embedded_task.is_held_out(tf.constant(inputs)).numpy().all()
   finally:
     gin.clear_config()
