@@ -1,6 +1,7 @@
 # make test  : run the test suite (creates .venv on first use)
-# make demo  : train, evaluate, export and serve a Transformer on the embedded
-#              addition task through the binary, on 8 logical CPUs
+# make demo  : train, evaluate, decode and export a Transformer on the embedded
+#              addition task through the binary, on 8 logical CPUs, then serve
+#              the SavedModel
 # make demo-mlp : train the README's MLP data- and model-parallel
 # make bench : run the benchmarks (one JSON line per case)
 

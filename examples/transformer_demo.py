@@ -9,10 +9,11 @@ of the binary (train, eval, infer, export_infer), then the SavedModel loaded
 by TensorFlow alone.
 
 Random sums rarely carry far, so the held-out set is drawn in equal shares
-by number of carries (0 to 3), and each step reports exact match by carry
-count; the decoded and served sums include carries, each marked right or
-wrong. Each binary run prints its command line, so it can be repeated by
-hand; a summary table ends the run.
+by number of carries (0 to 3) and the eval step reports exact match for
+each; the decoded and served sums include carries, each marked right or
+wrong, and the run ends by saying what the model gets wrong. Each binary
+run prints its command line, so it can be repeated by hand; a summary table
+ends the run.
 
     python examples/transformer_demo.py [--model_dir=DIR] [--train_steps=N]
 """
