@@ -140,25 +140,39 @@ def _serve(export_dir, inputs):
   return [o.decode("utf-8", errors="replace") for o in outputs]
 
 
-def _verdict(by_carries, served, answers):
-  """What the model gets right and wrong, in a sentence or two."""
-  weak = {k: v for k, v in by_carries.items() if v < 1.0}
-  wrong = [q for q, a in zip(served, answers)
+def _eval_mistakes(eval_dir, step):
+  """([(sum, answer, expected)] of the wrong decodes at `step`, the number
+  of sums in the eval set)."""
+  def lines(name):
+    with open(os.path.join(eval_dir, name)) as f:
+      return f.read().splitlines()
+  inputs = lines("addition_inputs")
+  return [(x, p, t) for x, t, p in zip(
+      inputs, lines("addition_targets"),
+      lines(f"addition_{step}_predictions")) if p != t], len(inputs)
+
+
+def _verdict(by_carries, eval_mistakes, served, answers):
+  """What the model gets wrong, from the eval set and the served sums."""
+  mistakes, total = eval_mistakes
+  wrong = [(q, a) for q, a in zip(served, answers)
            if a != str(sum(int(x) for x in q.split("+")))]
-  if not weak and not wrong:
+  if not mistakes and not wrong:
     return ("The model gets every held-out sum of the eval set right, "
             "whatever its carries, and every served sum.")
   text = "What it gets wrong:"
-  if weak:
-    text += (" some held-out sums with " + ", ".join(
-        f"{k} carr{'y' if k == '1' else 'ies'} ({1 - v:.1%} wrong)"
-        for k, v in weak.items()) + ".")
+  if mistakes:
+    weak = ", ".join(f"{k} carr{'y' if k == '1' else 'ies'} "
+                     f"{1 - v:.1%} wrong" for k, v in by_carries.items()
+                     if v < 1.0)
+    shown = ", ".join(f"{x} -> {p} (expected {t})"
+                      for x, p, t in mistakes[:4])
+    text += (f" {len(mistakes)} of the {total} held-out sums ({weak}), "
+             f"e.g. {shown}.")
   if wrong:
-    text += (" Served: " + ", ".join(
-        f"{q} ({_carry_text(_carries(q))})" for q in wrong) + ".")
-  return (text + " Its mistakes are carries, most often into the hundreds "
-          "and thousands, which random sums rarely exercise; training "
-          "longer (--train_steps) makes them rarer.")
+    text += " Served: " + ", ".join(f"{q} -> {a}" for q, a in wrong) + "."
+  return (text + " Random sums rarely carry far, so long carries get the "
+          "least training; --train_steps trains longer.")
 
 
 def main():
@@ -247,7 +261,8 @@ def main():
     print(f"  {name:<7} {seconds:>6}  {result}")
   print(f"\nEverything is in {model_dir} (TensorBoard: tensorboard "
         f"--logdir {model_dir}).")
-  print("\n" + _verdict(by_carries, SERVED, answers))
+  print("\n" + _verdict(by_carries, _eval_mistakes(eval_dir, step), SERVED,
+                        answers))
   if not exact >= 0.95:
     sys.exit(f"demo: exact match {exact:.1%} is below 95%")
 

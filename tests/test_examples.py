@@ -214,3 +214,34 @@ def test_generated_digits_are_deterministic_balanced_images():
   # The ink is near the middle, as in MNIST.
   ink = train_x.mean(axis=0)
   assert ink[8:20, 8:20].mean() > 3 * ink[:4].mean()
+
+
+def _load_transformer_demo():
+  spec = importlib.util.spec_from_file_location(
+      "transformer_demo", os.path.join(EXAMPLES, "transformer_demo.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_transformer_demo_says_what_it_gets_wrong(tmp_path):
+  # The eval files `make demo` reads, as the binary's eval mode writes them.
+  demo = _load_transformer_demo()
+  (tmp_path / "addition_inputs").write_text("12+30\n250+250\n999+1\n")
+  (tmp_path / "addition_targets").write_text("42\n500\n1000\n")
+  (tmp_path / "addition_7_predictions").write_text("42\n400\n1000\n")
+  mistakes = demo._eval_mistakes(str(tmp_path), 7)
+  assert mistakes == ([("250+250", "400", "500")], 3)
+  assert demo._mark("250+251", "401", "501") == (
+      "     250+251 -> 401   (1 carry) WRONG, expected 501")
+  assert demo._mark("999+1", "1000", "1000").endswith("(3 carries) right")
+  text = demo._verdict({"0": 1.0, "1": 0.5, "3": 1.0}, mistakes,
+                       ["12+30", "250+251"], ["42", "401"])
+  assert text.startswith(
+      "What it gets wrong: 1 of the 3 held-out sums (1 carry 50.0% wrong), "
+      "e.g. 250+250 -> 400 (expected 500). Served: 250+251 -> 401.")
+  assert "Served" not in demo._verdict({"1": 0.5}, mistakes, ["1+1"], ["2"])
+  assert demo._verdict({"0": 1.0}, ([], 3), ["1+1"], ["2"]).startswith(
+      "The model gets every held-out sum")
+  # The served sums cover every number of carries from 0 to 3.
+  assert {demo._carries(q) for q in demo.SERVED} == {0, 1, 2, 3}
