@@ -120,10 +120,11 @@ def _by_carries(metrics):
 def _metrics(eval_dir, step):
   """The metrics the eval step wrote for `step` (TensorBoard events)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # summary_iterator's deprecation notice says nothing about the demo.
+  tf.get_logger().setLevel("ERROR")
   values = {}
   for path in tf.io.gfile.glob(os.path.join(eval_dir, "events.out.*")):
-    for record in tf.data.TFRecordDataset(path):
-      event = tf.compat.v1.Event.FromString(record.numpy())
+    for event in tf.compat.v1.train.summary_iterator(path):
       if event.step != step:
         continue
       for value in event.summary.value:
