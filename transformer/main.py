@@ -138,7 +138,7 @@ def _start_cluster():
     raise ValueError("--worker_hosts needs utils.run.mesh_shape given as a "
                      "string in gin, e.g. 'batch:2;model:4'.")
   return cluster_lib.start(FLAGS.worker_hosts, FLAGS.task_index,
-                       num_processors=size)
+                           num_processors=size)
 
 
 def error_message(exc):
