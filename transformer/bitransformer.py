@@ -10,8 +10,8 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
+from mesh_tensorflow.transformer import layer_stack
 from mesh_tensorflow.transformer import model_helpers
-from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import unitransformer
 
 _MODULE = "mesh_tensorflow.transformer.transformer"
@@ -424,7 +424,7 @@ def make_bitransformer(input_vocab_size=gin.REQUIRED,
   """
   with gin.config_scope("encoder"):
     encoder = unitransformer.Unitransformer(
-        layer_stack=transformer.make_layer_stack(),
+        layer_stack=layer_stack.make_layer_stack(),
         input_vocab_size=input_vocab_size,
         output_vocab_size=None,
         autoregressive=False,
@@ -433,7 +433,7 @@ def make_bitransformer(input_vocab_size=gin.REQUIRED,
         mesh_shape=mesh_shape)
   with gin.config_scope("decoder"):
     decoder = unitransformer.Unitransformer(
-        layer_stack=transformer.make_layer_stack(),
+        layer_stack=layer_stack.make_layer_stack(),
         input_vocab_size=output_vocab_size,
         output_vocab_size=output_vocab_size,
         autoregressive=True,
