@@ -279,6 +279,40 @@ def variable_keys(reader, prefix="model"):
   return keys
 
 
+def save_specs(node):
+  """{mtf name: {slice spec: SaveSpec}} of the variables tracked under node.
+
+  What a name-based checkpoint (the original's keys: one per mtf variable,
+  its mtf name, its master dtype) is written from: each distinct block of
+  a variable is read on a processor holding it, as `_SlicedSaveable` does,
+  so no device assembles the whole value.
+  """
+  specs = {}
+  for name, variable in _tracked_nodes(node):
+    blocks = {}
+    for spec, pnums in variable.blocks():
+      pnum = pnums[0]
+      blocks[spec] = saveable_object.SaveSpec(
+          functools.partial(variable.read_block, pnum), spec, name,
+          dtype=variable.master_dtype, device=variable.device(pnum))
+    specs[name] = blocks
+  return specs
+
+
+def restore_into(node, checkpoint):
+  """Fills the variables tracked under `node` from `checkpoint` (a prefix
+  or directory, of either format) by their names relative to `node`.
+
+  Returns the ValueRestore (its `restored` and `missing` names). Eager
+  only: the values are assigned at once.
+  """
+  reader = tf.train.load_checkpoint(checkpoint)
+  restore = ValueRestore(checkpoint, reader, variable_keys(reader))
+  for name, variable in list(_tracked_nodes(node)):
+    restore.fill(name, variable)
+  return restore
+
+
 def _tracked_nodes(node, prefix=""):
   """(mtf name, SlicedVariableNode) of every variable tracked under node."""
   children = node._trackable_children()  # pylint: disable=protected-access
