@@ -289,6 +289,11 @@ def save_specs(node):
   """
   specs = {}
   for name, variable in _tracked_nodes(node):
+    if isinstance(variable, tf.Variable):
+      specs[name] = {"": saveable_object.SaveSpec(
+          variable.read_value, "", name, dtype=variable.dtype,
+          device=variable.device)}
+      continue
     blocks = {}
     for spec, pnums in variable.blocks():
       pnum = pnums[0]
@@ -313,12 +318,31 @@ def restore_into(node, checkpoint):
   return restore
 
 
+def _is_variable(node):
+  """An mtf variable's node, or a plain TF variable (e.g. a counter)."""
+  return isinstance(node, (SlicedVariableNode, tf.Variable))
+
+
+def _assign_plain(variable, value):
+  """Assigns a NumPy `value` to a plain TF variable: at once (eager, returns
+  None) or as (op, feed_dict) to run in a Session."""
+  with tf.init_scope():
+    if tf.executing_eagerly():
+      variable.assign(tf.cast(value, variable.dtype))
+      return None
+    value = np.asarray(value)
+    feed = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape)
+    op = variable.assign(tf.cast(feed, variable.dtype), read_value=False)
+    return op, {feed: value}
+
+
 def _tracked_nodes(node, prefix=""):
-  """(mtf name, SlicedVariableNode) of every variable tracked under node."""
+  """(name, node) of every variable tracked under node: mtf variables'
+  SlicedVariableNodes and plain TF variables (counters)."""
   children = node._trackable_children()  # pylint: disable=protected-access
   for part, child in children.items():
     name = prefix + part
-    if isinstance(child, SlicedVariableNode):
+    if _is_variable(child):
       yield name, child
     if isinstance(child, ScopeNode):
       yield from _tracked_nodes(child, name + "/")
@@ -368,7 +392,7 @@ class ValueRestore:
     Raises:
       ValueError: the stored value's shape differs from the variable's.
     """
-    if not isinstance(node, SlicedVariableNode) or name in self._seen:
+    if not _is_variable(node) or name in self._seen:
       return
     self._seen.add(name)
     if self._wanted is not None and not self._wanted(name):
@@ -379,12 +403,19 @@ class ValueRestore:
       return
     value = self._reader.get_tensor(key)
     stored = list(value.shape)
-    if stored != node.shape.to_integer_list:
+    if isinstance(node, tf.Variable):
+      expected, described = node.shape.as_list(), "a TF variable"
+    else:
+      expected, described = node.shape.to_integer_list, str(node.shape)
+    if stored != expected:
       raise ValueError(
           f"Checkpoint {self._path}: variable {name!r} has shape {stored} "
-          f"there, but the model's variable has shape "
-          f"{node.shape.to_integer_list} ({node.shape}).")
-    pending = node.assign_full(value)
+          f"there, but the model's variable has shape {expected} "
+          f"({described}).")
+    if isinstance(node, tf.Variable):
+      pending = _assign_plain(node, value)
+    else:
+      pending = node.assign_full(value)
     if pending is not None:
       self.graph_ops.append(pending[0])
       self.feed_dict.update(pending[1])

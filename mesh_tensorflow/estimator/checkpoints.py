@@ -45,6 +45,7 @@ from absl import logging
 import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.checkpoint import functional_saver  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import device_util  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.training.saving import saveable_object_util  # pylint: disable=g-direct-tensorflow-import
 
@@ -319,6 +320,12 @@ class Checkpointer:
       specs[INPUT_PIPELINE] = {"": saveable_object.SaveSpec(
           lambda: iterator._serialize_to_tensors()[_ITERATOR_STATE],  # pylint: disable=protected-access
           "", INPUT_PIPELINE, dtype=tf.variant, device="/cpu:0")}
+    if self._session is None:
+      # One spelling per host ("cpu:1" is "/job:localhost/.../CPU:1"), so
+      # that TF sees one host and saves without tracing a function.
+      for blocks in specs.values():
+        for spec in blocks.values():
+          spec.device = device_util.canonicalize(spec.device)
     return specs
 
   def _write(self, prefix):
