@@ -245,8 +245,8 @@ class Checkpointer:
 
     A name-based restore or warm start names, in one warning, the
     variables the checkpoint did not hold (they keep their initial
-    values). With `strict`, a restore raises if an existing variable was
-    not in its checkpoint.
+    values). With `strict`, an object-based restore (a checkpoint of an
+    earlier version) raises if an existing variable was not in it.
     """
     if self._reported:
       return
@@ -261,10 +261,6 @@ class Checkpointer:
       return
     missing = sorted(n for n in self._values.missing
                      if n not in _INTERNAL_VARIABLES)
-    if missing and strict:
-      raise ValueError(
-          f"Checkpoint {self._values.path} lacks {len(missing)} variable(s) "
-          f"of the model: {', '.join(missing)}.")
     if missing:
       logging.warning("%d variable(s) not in checkpoint %s keep their "
                       "initial values: %s", len(missing),
