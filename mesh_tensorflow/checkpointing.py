@@ -19,14 +19,17 @@ named exactly like it; `tf.compat.v1.train.Saver` saves those, after
 `Lowering.copy_slices_to_masters()`, as in the original library. The
 slices are tracked in graph mode too, under a node of the graph
 (`VariableStore.checkpoint_root()`), so `tf.train.Checkpoint` run in a
-Session writes the eager keys (the estimator's graph mode does).
-`load_variables` reads either kind of checkpoint back by mtf name.
+Session writes the eager keys. `load_variables` reads either kind of
+checkpoint back by mtf name.
 
 The original library's checkpoints are name-based (`tf.compat.v1.train.Saver`
 of the master variables: key = mtf name, whole value, master dtype, plus
-"global_step"). `ValueRestore` fills a mesh implementation's variables from
-such a checkpoint (or from an object-based one) by mtf name, as the lowering
-creates them, so they load under any mesh, layout or autostacking.
+"global_step"). `save_specs` gives what such a checkpoint is written from,
+block by block without master variables (the estimator writes its
+checkpoints so, see estimator/checkpoints.py). `ValueRestore` fills a mesh
+implementation's variables from a checkpoint of either kind by mtf name, as
+the lowering creates them, so they load under any mesh, layout or
+autostacking.
 """
 
 import functools
@@ -234,9 +237,9 @@ def load_variables(checkpoint, prefix=None):
   """
   reader = tf.train.load_checkpoint(checkpoint)
   values = {}
-  for key in reader.get_variable_to_shape_map():
-    if key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"):
-      continue
+  for key, dtype in reader.get_variable_to_dtype_map().items():
+    if key.startswith(OBJECT_GRAPH_KEY) or dtype == tf.variant:
+      continue  # not a variable (the object graph, an iterator's state)
     if _ATTRIBUTES in key:
       path, attribute = key.split(_ATTRIBUTES, 1)
       if attribute != VALUE_KEY:
