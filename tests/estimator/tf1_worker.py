@@ -5,8 +5,8 @@ Usage: python -m tests.estimator.tf1_worker WORK_DIR
 Disables v2 behaviour before anything else, as the original's binaries did,
 then, under WORK_DIR: trains "graph" for STEPS steps, resumes "eager" (which
 the calling test trained eagerly) for RESUME_STEPS more, warm-starts "warm"
-from "graph" for one step, evaluates,
-predicts (also under another mesh and layout) and exports "graph" and serves the export with a TF1 loader,
+from "graph" for one step, evaluates, predicts (also under another mesh
+and layout) and exports "graph" and serves the export with a TF1 loader,
 trains and evaluates a TPUEstimator(use_tpu=False), and tries a SIMD mesh.
 Writes what it saw to WORK_DIR/results.json.
 """
