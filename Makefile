@@ -29,7 +29,7 @@ $(T5_STAMP): $(STAMP) $(T5_CLIENT)
 	touch $(T5_STAMP)
 
 test: $(STAMP) $(T5_STAMP)
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q tests
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q --durations=25 tests
 
 demo: $(STAMP)
 	$(PY) examples/transformer_demo.py

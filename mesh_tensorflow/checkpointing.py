@@ -19,14 +19,17 @@ named exactly like it; `tf.compat.v1.train.Saver` saves those, after
 `Lowering.copy_slices_to_masters()`, as in the original library. The
 slices are tracked in graph mode too, under a node of the graph
 (`VariableStore.checkpoint_root()`), so `tf.train.Checkpoint` run in a
-Session writes the eager keys (the estimator's graph mode does).
-`load_variables` reads either kind of checkpoint back by mtf name.
+Session writes the eager keys. `load_variables` reads either kind of
+checkpoint back by mtf name.
 
 The original library's checkpoints are name-based (`tf.compat.v1.train.Saver`
 of the master variables: key = mtf name, whole value, master dtype, plus
-"global_step"). `ValueRestore` fills a mesh implementation's variables from
-such a checkpoint (or from an object-based one) by mtf name, as the lowering
-creates them, so they load under any mesh, layout or autostacking.
+"global_step"). `save_specs` gives what such a checkpoint is written from,
+block by block without master variables (the estimator writes its
+checkpoints so, see estimator/checkpoints.py). `ValueRestore` fills a mesh
+implementation's variables from a checkpoint of either kind by mtf name, as
+the lowering creates them, so they load under any mesh, layout or
+autostacking.
 """
 
 import functools
@@ -234,9 +237,9 @@ def load_variables(checkpoint, prefix=None):
   """
   reader = tf.train.load_checkpoint(checkpoint)
   values = {}
-  for key in reader.get_variable_to_shape_map():
-    if key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"):
-      continue
+  for key, dtype in reader.get_variable_to_dtype_map().items():
+    if key.startswith(OBJECT_GRAPH_KEY) or dtype == tf.variant:
+      continue  # not a variable (the object graph, an iterator's state)
     if _ATTRIBUTES in key:
       path, attribute = key.split(_ATTRIBUTES, 1)
       if attribute != VALUE_KEY:
@@ -279,12 +282,70 @@ def variable_keys(reader, prefix="model"):
   return keys
 
 
+def save_specs(node):
+  """{mtf name: {slice spec: SaveSpec}} of the variables tracked under node.
+
+  What a name-based checkpoint (the original's keys: one per mtf variable,
+  its mtf name, its master dtype) is written from: each distinct block of
+  a variable is read on a processor holding it, as `_SlicedSaveable` does,
+  so no device assembles the whole value.
+  """
+  specs = {}
+  for name, variable in _tracked_nodes(node):
+    if isinstance(variable, tf.Variable):
+      specs[name] = {"": saveable_object.SaveSpec(
+          variable.read_value, "", name, dtype=variable.dtype,
+          device=variable.device)}
+      continue
+    blocks = {}
+    for spec, pnums in variable.blocks():
+      pnum = pnums[0]
+      blocks[spec] = saveable_object.SaveSpec(
+          functools.partial(variable.read_block, pnum), spec, name,
+          dtype=variable.master_dtype, device=variable.device(pnum))
+    specs[name] = blocks
+  return specs
+
+
+def restore_into(node, checkpoint):
+  """Fills the variables tracked under `node` from `checkpoint` (a prefix
+  or directory, of either format) by their names relative to `node`.
+
+  Returns the ValueRestore (its `restored` and `missing` names). Eager
+  only: the values are assigned at once.
+  """
+  reader = tf.train.load_checkpoint(checkpoint)
+  restore = ValueRestore(checkpoint, reader, variable_keys(reader))
+  for name, variable in list(_tracked_nodes(node)):
+    restore.fill(name, variable)
+  return restore
+
+
+def _is_variable(node):
+  """An mtf variable's node, or a plain TF variable (e.g. a counter)."""
+  return isinstance(node, (SlicedVariableNode, tf.Variable))
+
+
+def _assign_plain(variable, value):
+  """Assigns a NumPy `value` to a plain TF variable: at once (eager, returns
+  None) or as (op, feed_dict) to run in a Session."""
+  with tf.init_scope():
+    if tf.executing_eagerly():
+      variable.assign(tf.cast(value, variable.dtype))
+      return None
+    value = np.asarray(value)
+    feed = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape)
+    op = variable.assign(tf.cast(feed, variable.dtype), read_value=False)
+    return op, {feed: value}
+
+
 def _tracked_nodes(node, prefix=""):
-  """(mtf name, SlicedVariableNode) of every variable tracked under node."""
+  """(name, node) of every variable tracked under node: mtf variables'
+  SlicedVariableNodes and plain TF variables (counters)."""
   children = node._trackable_children()  # pylint: disable=protected-access
   for part, child in children.items():
     name = prefix + part
-    if isinstance(child, SlicedVariableNode):
+    if _is_variable(child):
       yield name, child
     if isinstance(child, ScopeNode):
       yield from _tracked_nodes(child, name + "/")
@@ -334,7 +395,7 @@ class ValueRestore:
     Raises:
       ValueError: the stored value's shape differs from the variable's.
     """
-    if not isinstance(node, SlicedVariableNode) or name in self._seen:
+    if not _is_variable(node) or name in self._seen:
       return
     self._seen.add(name)
     if self._wanted is not None and not self._wanted(name):
@@ -345,12 +406,19 @@ class ValueRestore:
       return
     value = self._reader.get_tensor(key)
     stored = list(value.shape)
-    if stored != node.shape.to_integer_list:
+    if isinstance(node, tf.Variable):
+      expected, described = node.shape.as_list(), "a TF variable"
+    else:
+      expected, described = node.shape.to_integer_list, str(node.shape)
+    if stored != expected:
       raise ValueError(
           f"Checkpoint {self._path}: variable {name!r} has shape {stored} "
-          f"there, but the model's variable has shape "
-          f"{node.shape.to_integer_list} ({node.shape}).")
-    pending = node.assign_full(value)
+          f"there, but the model's variable has shape {expected} "
+          f"({described}).")
+    if isinstance(node, tf.Variable):
+      pending = _assign_plain(node, value)
+    else:
+      pending = node.assign_full(value)
     if pending is not None:
       self.graph_ops.append(pending[0])
       self.feed_dict.update(pending[1])

@@ -29,6 +29,13 @@ _SCOPES_IN_USE = weakref.WeakKeyDictionary()
 @contextlib.contextmanager
 def _variable_scope(mesh, name, default_name):
   """A `tf.compat.v1.variable_scope` named `name`, else a unique default."""
+  with tf.compat.v1.variable_scope(_scope_name(mesh, name, default_name)):
+    yield
+
+
+def _scope_name(mesh, name, default_name):
+  """`name`, else `default_name` made unique in the current scope; marks the
+  result as used."""
   used = _SCOPES_IN_USE.setdefault(mesh.graph, set())
   outer = tf.compat.v1.get_variable_scope().name
   if name is None:
@@ -38,8 +45,7 @@ def _variable_scope(mesh, name, default_name):
       count += 1
       name = f"{default_name}_{count}"
   used.add(f"{outer}/{name}")
-  with tf.compat.v1.variable_scope(name):
-    yield
+  return name
 
 
 def _name_seed(name):
@@ -150,18 +156,27 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
   # dimension widened under its own name) would collide in the kernel:
   # rename it in the input first.
   new_names = {d.name for d in new_dims}
+  renamed = {}
   for i, d in enumerate(reduced_dims):
     if d.name in new_names:
       tmp = mtf.Dimension("_" + d.name, d.size)
       x = mtf.rename_dimension(x, d.name, tmp.name)
-      reduced_dims[i] = tmp
+      renamed[d] = reduced_dims[i] = tmp
   output_shape = mtf.Shape(
       [d for d in x.shape.dims if d not in reduced_dims] + new_dims)
-  with _variable_scope(x.mesh, name, "dense"):
-    if kernel_weights is None:
-      kernel_weights = _kernel_variable(x, new_dims, reduced_dims,
-                                        expert_dims, kernel_initializer,
-                                        variable_dtype)
+  name = _scope_name(x.mesh, name, "dense")
+  if kernel_weights is None:
+    # Looked up in this module at call time, as the original: tests and
+    # layers may substitute the kernel by patching get_dense_kernel_weights.
+    kernel_weights = get_dense_kernel_weights(
+        x, new_dims, reduced_dims, expert_dims, kernel_initializer,
+        name=name, variable_dtype=variable_dtype)
+  for d, tmp in renamed.items():
+    # A kernel given, or substituted, with the reduced dimension's own name
+    # (the original's mocked tests build [d_model:6, d_model:2]).
+    if d in kernel_weights.shape.dims and tmp not in kernel_weights.shape.dims:
+      kernel_weights = mtf.replace_dimensions(kernel_weights, d, tmp)
+  with tf.compat.v1.variable_scope(name):
     kernel_weights = mtf.cast(kernel_weights, x.dtype)
     y = us_einsum([x, kernel_weights], output_shape)
     if use_bias:

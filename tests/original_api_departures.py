@@ -43,12 +43,4 @@ ORIGINAL_TESTS_EXPECTED_TO_FAIL = {
         "TF variables are created when the graph is lowered, not by "
         "mtf.get_variable: the test looks up the placed master variable "
         "without lowering (a Lowering places it as the test expects)"),
-    "mesh_tensorflow/transformer/transformer_layers_test.py::"
-    "TransformerLayersTest.test_separable_conv1d_layer_incremental_mode": (
-        "the test hands the pointwise dense a kernel with two dimensions "
-        "named d_model (sizes 6 and 2) through a mock of "
-        "mtf.layers.get_dense_kernel_weights; our dense renames a reduced "
-        "dimension named like a new one and makes its kernel itself, and "
-        "einsum matches dimensions by name (the original by name and size), "
-        "so the mock is not used (pending: match by name and size)"),
 }

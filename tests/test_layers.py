@@ -143,6 +143,37 @@ def test_dense_renames_reduced_dim_named_like_new_dim_of_other_size():
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_shape,layout", [
+    ("all:1", ""), ("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows")])
+def test_dense_uses_a_substituted_kernel_with_its_own_dim_names(
+    mesh_shape, layout, monkeypatch):
+  """dense gets its kernel from get_dense_kernel_weights, which the
+  original's tests patch with a [hidden:16, hidden:32] kernel."""
+  wide = mtf.Dimension("hidden", 32)
+  kernel_value = _rand([16, 32], 7)
+  x_value = _rand([8, 16], 8)
+  calls = []
+
+  def build(mesh):
+    kernel = _import(mesh, kernel_value, [HIDDEN, wide])
+
+    def substitute(x, new_dims, reduced_dims, *args, **kwargs):
+      calls.append((list(new_dims), list(reduced_dims)))
+      return kernel
+
+    monkeypatch.setattr(layers, "get_dense_kernel_weights", substitute)
+    x = _import(mesh, x_value, [BATCH, HIDDEN])
+    y = layers.dense(x, wide, reduced_dims=[HIDDEN], use_bias=False,
+                     name="widen")
+    return {"y": y}, None, {}
+
+  got, graph = _run(mesh_shape, layout, "eager", build)
+  assert calls == [([wide], [mtf.Dimension("_hidden", 16)])]
+  assert "widen/kernel" not in graph.name_to_variable
+  np.testing.assert_allclose(got["y"], x_value @ kernel_value, rtol=1e-5,
+                             atol=1e-5)
+
+
 def test_dense_default_reduced_dims_warns(monkeypatch):
   warnings = []
   monkeypatch.setattr(layers.logging, "warning",

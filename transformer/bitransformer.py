@@ -10,8 +10,8 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
+from mesh_tensorflow.transformer import layer_stack
 from mesh_tensorflow.transformer import model_helpers
-from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import unitransformer
 
 _MODULE = "mesh_tensorflow.transformer.transformer"
@@ -370,9 +370,9 @@ class StudentTeacher:
     In `tf.compat.v1` graph mode (mesh_impl None) through
     `tf.compat.v1.train.init_from_checkpoint` on the master variables (call
     it before the variables are initialized). In eager or tf.function mode
-    pass the mesh implementation holding the variables: the checkpoint (a
-    `tf.train.Checkpoint(model=mesh_impl)` of the teacher) is read into the
-    variables under "teacher/" (and "student/").
+    pass the mesh implementation holding the variables: the checkpoint (the
+    teacher's, name-based or a `tf.train.Checkpoint(model=mesh_impl)`) is
+    read into the variables under "teacher/" (and "student/").
 
     Args:
       mesh_impl: None in graph mode, else the mesh implementation.
@@ -395,8 +395,7 @@ class StudentTeacher:
           raise ValueError(
               f"StudentTeacher.initialize: no variables under {scope!r} in "
               "the mesh implementation yet; build the model first.")
-        tf.train.Checkpoint(model=node).read(
-            self.teacher_checkpoint).expect_partial()
+        mtf.checkpointing.restore_into(node, self.teacher_checkpoint)
 
 
 @gin.configurable(module=_MODULE)
@@ -424,7 +423,7 @@ def make_bitransformer(input_vocab_size=gin.REQUIRED,
   """
   with gin.config_scope("encoder"):
     encoder = unitransformer.Unitransformer(
-        layer_stack=transformer.make_layer_stack(),
+        layer_stack=layer_stack.make_layer_stack(),
         input_vocab_size=input_vocab_size,
         output_vocab_size=None,
         autoregressive=False,
@@ -433,7 +432,7 @@ def make_bitransformer(input_vocab_size=gin.REQUIRED,
         mesh_shape=mesh_shape)
   with gin.config_scope("decoder"):
     decoder = unitransformer.Unitransformer(
-        layer_stack=transformer.make_layer_stack(),
+        layer_stack=layer_stack.make_layer_stack(),
         input_vocab_size=output_vocab_size,
         output_vocab_size=output_vocab_size,
         autoregressive=True,

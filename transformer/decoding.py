@@ -13,7 +13,7 @@ attention) and constant states, then decode one position per step in
 import mesh_tensorflow as mtf
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer import layer_stack
 
 # These functions are the Unitransformer's methods and its helpers: they
 # call its _call_internal.
@@ -55,8 +55,8 @@ def _first_part(context_args, inputs, initial_position, priority):
   """Runs the prefix through the model; returns the first-part Context."""
   model = context_args["model"]
   length_dim = context_args["length_dim"]
-  context = transformer.Context(
-      mode=transformer.FIRST_PART,
+  context = layer_stack.Context(
+      mode=layer_stack.FIRST_PART,
       position=mtf.range(inputs.mesh, length_dim, tf.int32),
       position_is_default=True,
       new_states=[],
@@ -85,8 +85,8 @@ def _incremental_logits(context_args, ids, position, states, write_priority,
     # Position 0 reads bos_id.
     inputs_this_step += bos_id * mtf.ones_like(inputs_this_step) * mtf.cast(
         mtf.equal(position, 0), tf.int32)
-  context = transformer.Context(
-      mode=transformer.INCREMENTAL,
+  context = layer_stack.Context(
+      mode=layer_stack.INCREMENTAL,
       position=position,
       states=states,
       new_states=[],

@@ -8,6 +8,7 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import self_attention_layers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
@@ -84,10 +85,7 @@ class ParallelLayer(transformer.TransformerLayer):
       use_scope: give layer i its own variable scope "parallel_layer_{i}".
     """
     if layer_classes is None:
-      # Imported here: attention layers live in another module that
-      # imports this one through transformer_layers.
-      from mesh_tensorflow.transformer import transformer_layers  # pylint: disable=g-import-not-at-top
-      layer_classes = (DenseReluDense, transformer_layers.SelfAttention)
+      layer_classes = (DenseReluDense, self_attention_layers.SelfAttention)
     if not layer_classes:
       raise ValueError("ParallelLayer needs at least one layer class.")
     self.layer_classes = [cls() for cls in layer_classes]

@@ -11,14 +11,14 @@ the usual one. The MoE's balancing loss goes to `context.losses`.
 """
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import multihead_attention
 from mesh_tensorflow.transformer import moe
 
 # pylint: disable=protected-access
 EXPERT_COMPUTATIONS = ("qkv", "q", "kv")
 
 
-class ExpertsAttentionParams(attention.AttentionParams):
+class ExpertsAttentionParams(multihead_attention.AttentionParams):
   """AttentionParams whose q and/or kv come from a mixture of experts.
 
   Requires combine_dims=True and shared_kv=True (keys and values are one
@@ -86,13 +86,13 @@ class ExpertsAttentionParams(attention.AttentionParams):
     if expert_computation == "q":
       self.wkv = mtf.get_variable(
           mesh, "kv", self.k_shape,
-          initializer=attention._seeded_normal_initializer(
+          initializer=multihead_attention._seeded_normal_initializer(
               "kv", memory_input_dim.size ** -0.5),
           dtype=variable_dtype)
     elif expert_computation == "kv":
       self.wq = mtf.get_variable(
           mesh, "q", self.q_shape,
-          initializer=attention._seeded_normal_initializer(
+          initializer=multihead_attention._seeded_normal_initializer(
               "q", query_input_dim.size ** -0.5),
           dtype=variable_dtype)
     q_size, k_size = self.q_shape[-1].size, self.k_shape[-1].size

@@ -6,7 +6,7 @@ Re-exported from `mesh_tensorflow.transformer.attention`.
 import mesh_tensorflow as mtf
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import attention as attention_lib
+from mesh_tensorflow.transformer import multihead_attention
 
 
 def local_attention_1d(q,
@@ -112,7 +112,9 @@ def local_attention_1d(q,
   padded_memory_block = mtf.Dimension(
       "memory_block_length",
       (1 if fully_autoregressive else 2) * radius + block_length)
-  bias = attention_lib.visibility_mask_to_attention_bias(visible, q.dtype)
-  o = attention_lib.attention(q, k, v, padded_memory_block, key_dim,
-                              value_dim, bias, **(attention_kwargs or {}))
+  bias = multihead_attention.visibility_mask_to_attention_bias(
+      visible, q.dtype)
+  o = multihead_attention.attention(q, k, v, padded_memory_block, key_dim,
+                                    value_dim, bias,
+                                    **(attention_kwargs or {}))
   return mtf.replace_dimensions(o, [num_blocks, query_block], length_dim)

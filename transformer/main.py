@@ -32,7 +32,12 @@ from absl import app
 from absl import flags
 from absl import logging
 import gin
+import tensorflow as tf
 
+import mesh_tensorflow as mtf
+from mesh_tensorflow import cluster as cluster_lib
+from mesh_tensorflow.transformer import progress
+from mesh_tensorflow.transformer import run_devices
 from mesh_tensorflow.transformer import utils
 
 flags.DEFINE_string("model_dir", "/tmp/transformer_standalone",
@@ -97,7 +102,6 @@ def _write_command(model_dir):
 
 def _mesh_size():
   """The processor count of utils.run.mesh_shape, if gin gives it plainly."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   try:
     shape = gin.query_parameter("utils.run.mesh_shape")
   except ValueError:
@@ -114,15 +118,13 @@ def _split_cpu_early():
     return
   size = _mesh_size()
   if size:
-    from mesh_tensorflow.transformer import run_devices  # pylint: disable=g-import-not-at-top
     run_devices.ensure_local_devices(size)
 
 
 def _is_serving_task():
   if not FLAGS.worker_hosts:
     return False
-  from mesh_tensorflow import cluster  # pylint: disable=g-import-not-at-top
-  return not cluster.ClusterSpec.from_worker_hosts(
+  return not cluster_lib.ClusterSpec.from_worker_hosts(
       FLAGS.worker_hosts, FLAGS.task_index).is_chief
 
 
@@ -131,13 +133,12 @@ def _start_cluster():
   here and never return); else None."""
   if not FLAGS.worker_hosts:
     return None
-  from mesh_tensorflow import cluster  # pylint: disable=g-import-not-at-top
   size = _mesh_size()
   if size is None:
     raise ValueError("--worker_hosts needs utils.run.mesh_shape given as a "
                      "string in gin, e.g. 'batch:2;model:4'.")
-  return cluster.start(FLAGS.worker_hosts, FLAGS.task_index,
-                       num_processors=size)
+  return cluster_lib.start(FLAGS.worker_hosts, FLAGS.task_index,
+                           num_processors=size)
 
 
 def error_message(exc):
@@ -176,7 +177,6 @@ def main(_):
     run_args["mesh_devices"] = cluster.devices(_mesh_size())
   hooks = []
   if FLAGS.progress:
-    from mesh_tensorflow.transformer import progress  # pylint: disable=g-import-not-at-top
     hooks.append(progress.ProgressDisplay())
   with cluster.failures() if cluster else contextlib.nullcontext():
     return utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu,
@@ -191,10 +191,8 @@ def main_with_errors(argv):
   except app.UsageError:
     raise
   except Exception as exc:  # pylint: disable=broad-except
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from mesh_tensorflow import cluster  # pylint: disable=g-import-not-at-top
     if not isinstance(exc, _INPUT_ERRORS + (tf.errors.OpError,
-                                            cluster.ClusterError)):
+                                            cluster_lib.ClusterError)):
       raise
     if FLAGS.show_traceback:
       logging.exception("Failed:")

@@ -19,8 +19,8 @@ import tensorflow as tf
 from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import run_checkpoints
+from mesh_tensorflow.transformer import run_features
 from mesh_tensorflow.transformer import run_inference
-from mesh_tensorflow.transformer import run_model_fn
 
 
 _text = run_inference.as_text
@@ -35,7 +35,7 @@ def _batched_input_fn(eval_datasets, batch_size):
     del params
     combined = None
     for eval_dataset in eval_datasets:
-      ds = eval_dataset.dataset_fn().map(run_model_fn.filter_features)
+      ds = eval_dataset.dataset_fn().map(run_features.filter_features)
       combined = ds if combined is None else combined.concatenate(ds)
     combined = combined.batch(batch_size, drop_remainder=False)
     combined = transformer_dataset.trim_and_pad_dataset(combined,
@@ -181,7 +181,7 @@ def perplexity_eval(estimator, vocabulary, sequence_length, batch_size,
 
   def input_fn(params, eval_dataset):
     del params
-    ds = eval_dataset.dataset_fn().map(run_model_fn.filter_features)
+    ds = eval_dataset.dataset_fn().map(run_features.filter_features)
     ds = transformer_dataset.pad_dataset_with_zeroed_out_examples(ds)
     return ds.batch(batch_size * (ensemble_inputs or 1),
                     drop_remainder=True).prefetch(tf.data.AUTOTUNE)

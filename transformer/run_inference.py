@@ -19,6 +19,7 @@ from mesh_tensorflow.estimator import export
 from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import run_checkpoints
+from mesh_tensorflow.transformer import run_features
 from mesh_tensorflow.transformer import run_settings
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
@@ -315,7 +316,7 @@ def decode_from_dataset(estimator,
 
     def input_fn(params, dataset=infer_dataset):
       del params
-      ds = dataset.dataset_fn().map(_model_features)
+      ds = dataset.dataset_fn().map(run_features.filter_features)
       ds = ds.batch(batch_size, drop_remainder=False)
       ds = transformer_dataset.trim_and_pad_dataset(ds, length=batch_size)
       return ds.prefetch(tf.data.AUTOTUNE)
@@ -334,12 +335,6 @@ def decode_from_dataset(estimator,
       write_lines_to_file(
           [as_text(ex["inputs_pretokenized"]) for ex in examples],
           os.path.join(decode_output_dir, f"{infer_dataset.name}_inputs"))
-
-
-def _model_features(example):
-  # Imported here: run_model_fn imports this module.
-  from mesh_tensorflow.transformer import run_model_fn  # pylint: disable=g-import-not-at-top
-  return run_model_fn.filter_features(example)
 
 
 @gin.configurable(module=_GIN_MODULE)

@@ -34,23 +34,13 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import metrics
 from mesh_tensorflow.estimator.mode_keys import ModeKeys
+from mesh_tensorflow.transformer import run_features
 from mesh_tensorflow.transformer import run_inference
 from mesh_tensorflow.transformer import run_settings
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 SCORE = "score"
-
-# The features the model reads; others (e.g. "*_pretokenized") are dropped.
-MODEL_FEATURES = ("inputs", "inputs_position", "inputs_segmentation",
-                  "targets", "targets_position", "targets_segmentation",
-                  "targets_subsegmentation")
-
-
-def filter_features(example):
-  """The example's model features (see MODEL_FEATURES)."""
-  return {k: v for k, v in example.items() if k in MODEL_FEATURES}
-
 
 def metric_sum(values, name=None, **kwargs):
   """An eval metric: the sum of `values` over the whole eval set."""
@@ -82,7 +72,7 @@ def _import_features(mesh, features, sequence_length, batch_dims,
   """The TF features as int32 mtf tensors [ensemble?, batch dims, length]."""
   mtf_features = {}
   for key, x in features.items():
-    if key not in MODEL_FEATURES:
+    if key not in run_features.MODEL_FEATURES:
       continue
     base = key.split("_")[0]
     if base not in sequence_length:

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import run_checkpoints
+from mesh_tensorflow.transformer import run_features
 from mesh_tensorflow.transformer import run_inference
-from mesh_tensorflow.transformer import run_model_fn
 from mesh_tensorflow.transformer import run_settings
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
@@ -262,7 +262,7 @@ def score_from_dataset(estimator, vocabulary, batch_size, sequence_length,
     combined = None
     for scoring in datasets:
       ds = _call_dataset_fn(scoring.dataset_fn, sequence_length)
-      ds = ds.map(run_model_fn.filter_features)
+      ds = ds.map(run_features.filter_features)
       combined = ds if combined is None else combined.concatenate(ds)
     combined = combined.batch(batch_size, drop_remainder=False)
     combined = transformer_dataset.trim_and_pad_dataset(combined,

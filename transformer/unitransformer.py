@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
 from mesh_tensorflow.transformer import decoding
+from mesh_tensorflow.transformer import layer_stack
 from mesh_tensorflow.transformer import model_helpers
-from mesh_tensorflow.transformer import transformer
 
 _MODULE = "mesh_tensorflow.transformer.transformer"
 
@@ -333,7 +333,7 @@ class Unitransformer:
       read_priority = write_priority = length_range
     else:
       read_priority = write_priority = None
-    context = transformer.Context(
+    context = layer_stack.Context(
         model=self,
         mesh=inputs.mesh,
         batch_dims=batch_dims,

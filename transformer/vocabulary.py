@@ -175,6 +175,8 @@ class SentencePieceVocabulary(_TensorFlowVocabulary):
   def tokenizer(self):
     """The tensorflow_text.SentencepieceTokenizer (made on first use)."""
     if self._tokenizer is None:
+      # Late import of tensorflow-text: only the SentencePiece and WordPiece
+      # vocabularies need it (its ops load with it).
       import tensorflow_text  # pylint: disable=g-import-not-at-top
       try:
         self._tokenizer = tensorflow_text.SentencepieceTokenizer(
@@ -239,6 +241,8 @@ class WordpieceVocabulary(_TensorFlowVocabulary):
     """Learns a vocabulary of about `vocab_size` tokens from a dataset of
     strings (tensorflow-text's BERT vocabulary learner); writes it to
     `vocab_file` if given."""
+    # Late import of tensorflow-text (its vocabulary learner): only the
+    # SentencePiece and WordPiece vocabularies need it.
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset  # pylint: disable=g-import-not-at-top
     tokens = bert_vocab_from_dataset.bert_vocab_from_dataset(
         dataset.batch(1024), vocab_size=vocab_size,
@@ -253,6 +257,8 @@ class WordpieceVocabulary(_TensorFlowVocabulary):
   def tokenizer(self):
     """The tensorflow_text.BertTokenizer (made on first use)."""
     if self._tokenizer is None:
+      # Late import of tensorflow-text: only the SentencePiece and WordPiece
+      # vocabularies need it (its ops load with it).
       import tensorflow_text  # pylint: disable=g-import-not-at-top
       table = tf.lookup.StaticVocabularyTable(
           tf.lookup.KeyValueTensorInitializer(
@@ -325,6 +331,8 @@ def get_tfds_vocabulary(dataset_name=gin.REQUIRED):
 
   Assumes the inputs, if any, use the same encoder (as the original did).
   """
+  # Late import of tensorflow-datasets (seconds to import): only TFDS
+  # vocabularies and datasets need it.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   info = tfds.builder(dataset_name).info
   if not info.supervised_keys:

@@ -1,35 +1,40 @@
 """Checkpoints of an estimator run: the mesh's variables and the global step.
 
-A checkpoint holds the mesh implementation under "model" (every mtf
-variable whole, under its mtf name, so any mesh can read it), the
-estimator's int64 step under "global_step" and, if asked, the training
-input iterator's position under "input_pipeline". TensorFlow writes a
-checkpoint's files into "<prefix>_temp/" and renames them into place, then
-rewrites the "checkpoint" state file, itself atomically (temp file,
-rename), listing only the checkpoints kept; old ones are deleted after that.
-(tf.train.CheckpointManager still lists them while it deletes them, so a
-process killed while pruning leaves listed checkpoints without files.) So a
-process killed while saving leaves at worst a temp directory or files of a
-checkpoint the state file does not list: every listed checkpoint is
-complete, and `remove_partial_checkpoints` deletes the leftovers before
-training resumes.
+Checkpoints are written as the original library wrote them (a TF1
+`tf.compat.v1.train.Saver` of its master variables), so the original, T5's
+tools and converters that call `tf.train.load_variable` read them: one key
+per mtf variable, its mtf name (e.g. "decoder/block_000/layer_000/
+SelfAttention/k", optimizer slots such as "..._slot_vc" included), holding
+the whole value in the variable's master dtype, and the int64 step under
+"global_step". If asked, the training input iterator's position is saved
+under "input_pipeline" too. Each processor writes only the distinct blocks
+it holds (TF's sliced-tensor format), so no device assembles a whole
+value, and any mesh and layout reads them back.
 
-The step is held once. Checkpoints of earlier versions of this project may
-also hold an mtf variable "global_step" (under "model/"), which optimizers
-with schedules used to create; it is ignored, and a checkpoint holding only
-that one gives the estimator's step its value.
+TensorFlow writes a checkpoint's files into "<prefix>_temp/" and renames
+them into place, then the "checkpoint" state file is rewritten, itself
+atomically (temp file, rename), listing only the checkpoints kept; old ones
+are deleted after that. (tf.train.CheckpointManager still lists them while
+it deletes them, so a process killed while pruning leaves listed
+checkpoints without files.) So a process killed while saving leaves at
+worst a temp directory or files of a checkpoint the state file does not
+list: every listed checkpoint is complete, and `remove_partial_checkpoints`
+deletes the leftovers before training resumes.
 
-`Checkpointer.restore` also reads the original library's checkpoints
-(TF1 `tf.compat.v1.train.Saver`, e.g. T5's published ones): one key per mtf
-variable, its mtf name, holding the whole value (often bfloat16), and an
-int64 "global_step". Such a checkpoint is recognised by its lack of an
-object graph; each mtf variable it names is filled, cast to the variable's
-master dtype, when the lowering creates it (checkpointing.ValueRestore),
-and the step at once. `Checkpointer.warm_start` does the same from a
-checkpoint of either kind outside model_dir, optionally only for the
-variables a regex matches (the original's init_checkpoint). Variables the
-checkpoint lacks keep their initial values; `after_first_trace` names them
-in one warning.
+`Checkpointer.restore` reads name-based checkpoints (ours, the original's,
+T5's published ones, often bfloat16): each mtf variable they name is
+filled, cast to the variable's master dtype, when the lowering creates it
+(checkpointing.ValueRestore), and the step at once. It also reads the
+object-based checkpoints (a `tf.train.Checkpoint` of the mesh
+implementation under "model" and the step under "global_step") that
+earlier versions of this project wrote, with a notice; some of those also
+hold an mtf variable "global_step" (under "model/"), which optimizers with
+schedules used to create: it is ignored, and a checkpoint holding only that
+one gives the estimator's step its value. `Checkpointer.warm_start` fills
+the variables from a checkpoint of either kind outside model_dir,
+optionally only those a regex matches (the original's init_checkpoint).
+Variables the checkpoint lacks keep their initial values;
+`after_first_trace` names them in one warning.
 """
 
 import glob
@@ -39,6 +44,10 @@ import re
 from absl import logging
 import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.checkpoint import functional_saver  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import device_util  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.training.saving import saveable_object_util  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import simd_mesh_impl
@@ -48,6 +57,10 @@ INPUT_PIPELINE = "input_pipeline"
 GLOBAL_STEP_KEY = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
 _MTF_GLOBAL_STEP_KEY = "model/global_step/.ATTRIBUTES/VARIABLE_VALUE"
 NAME_BASED_GLOBAL_STEP_KEY = "global_step"
+# Keys of a name-based checkpoint that are not mtf variables.
+NON_VARIABLE_KEYS = (NAME_BASED_GLOBAL_STEP_KEY, INPUT_PIPELINE)
+# The key of a tf.data iterator's serialized state in its saveables.
+_ITERATOR_STATE = "_STATE"
 # Variables of ours the original's checkpoints never hold (not reported).
 _INTERNAL_VARIABLES = frozenset([simd_mesh_impl.RANDOM_STEP])
 _NUMBERED = re.compile(re.escape(CHECKPOINT_NAME) + r"-(\d+)(_temp)?(\..*)?$")
@@ -120,41 +133,38 @@ def remove_partial_checkpoints(model_dir):
 class Checkpointer:
   """Restores and saves (mesh implementation, global step) in model_dir.
 
-  Eager (`session` None): the mesh implementation is the "model" node and
-  variables created later are restored as the lowering creates them.
-  Compat graph mode: made in the run's tf.Graph once the model is built
-  (its variables are tracked under the graph's checkpoint root, see
-  variable_store), with the run's `session`, in which restoring and saving
-  run; the keys and files are the same as eager, so either mode resumes
-  the other's checkpoints.
+  Writes the original's name-based checkpoints (see the module docstring).
+  Eager (`session` None): variables created after `restore` are filled as
+  the lowering creates them. Compat graph mode: made in the run's tf.Graph
+  once the model is built, with the run's `session`, in which restoring
+  and saving run; the keys and files are the same as eager, so either mode
+  resumes the other's checkpoints.
   """
 
   def __init__(self, model_dir, mesh_impl, global_step, max_to_keep=5,
                session=None):
     self._session = session
     self._root = mesh_impl.variable_store.checkpoint_root()
-    self._checkpoint = tf.train.Checkpoint(model=self._root,
-                                           global_step=global_step)
-    # Created now so that `write` saves it too: a plain
-    # tf.train.Checkpoint(model=...) then restores with every object matched.
-    self._checkpoint.save_counter  # pylint: disable=pointless-statement
     self._global_step = global_step
     self._model_dir = model_dir
     self._max_to_keep = max_to_keep
     self._mesh_impl = mesh_impl
     self._cleaned = False
-    self._tracks_input = False
+    self._iterator = None  # the input pipeline's, when tracked
+    self._checkpoint = None  # tf.train.Checkpoint of an object-based restore
     self._status = None  # of an object-based restore
     self._values = None  # ValueRestore of a name-based restore / warm start
     self._reported = False
+    self._graph_save = None  # compat graph mode: (keys, prefix feed, op)
 
   def restore(self, path=None):
     """Restores `path` (default: the latest checkpoint); returns the path
     restored or None.
 
-    Reads our (object-based) checkpoints and the original's name-based
-    ones alike. mtf variables are filled as the lowering creates them; the
-    global step at once.
+    Reads name-based checkpoints (ours and the original's) and the
+    object-based ones earlier versions of this project wrote. mtf
+    variables are filled as the lowering creates them; the global step at
+    once.
     """
     path = path or latest_checkpoint(self._model_dir)
     if path is None:
@@ -162,9 +172,11 @@ class Checkpointer:
     reader = open_checkpoint(path)
     if checkpointing.is_name_based(reader):
       self._restore_values(path, reader)
-      logging.info("Restoring name-based checkpoint %s (the original "
-                   "library's format)", path)
+      logging.info("Restoring checkpoint %s", path)
       return path
+    _notice_object_based(path)
+    self._checkpoint = tf.train.Checkpoint(model=self._root,
+                                           global_step=self._global_step)
     self._status = self._checkpoint.restore(path)
     self._status.expect_partial()
     if self._session is not None:
@@ -209,7 +221,8 @@ class Checkpointer:
   def _restore_values(self, path, reader, wanted=None):
     """Fills the mtf variables and the step from whole values by name."""
     keys = checkpointing.variable_keys(reader)
-    keys.pop(NAME_BASED_GLOBAL_STEP_KEY, None)
+    for key in NON_VARIABLE_KEYS:
+      keys.pop(key, None)
     self._values = checkpointing.ValueRestore(path, reader, keys, wanted)
     self._values.attach(self._root)
     if self._session is not None and self._values.graph_ops:
@@ -232,8 +245,8 @@ class Checkpointer:
 
     A name-based restore or warm start names, in one warning, the
     variables the checkpoint did not hold (they keep their initial
-    values). With `strict`, an object-based restore raises if an existing
-    variable was not in its checkpoint.
+    values). With `strict`, an object-based restore (a checkpoint of an
+    earlier version) raises if an existing variable was not in it.
     """
     if self._reported:
       return
@@ -256,26 +269,76 @@ class Checkpointer:
                  len(self._values.restored), self._values.path)
 
   def track_input_pipeline(self, iterator, restored_path):
-    """Saves `iterator`'s position from now on.
+    """Saves `iterator`'s position from now on (eager only).
 
     If `restore` restored a checkpoint (`restored_path`) that holds a
-    position, attaching the iterator restores it: TensorFlow restores
-    objects attached after a restore (deferred restoration).
+    position, the iterator is moved there.
     """
     if restored_path is not None:
-      keys = tf.train.load_checkpoint(restored_path).get_variable_to_shape_map()
-      if not any(k.startswith(INPUT_PIPELINE + "/") for k in keys):
+      reader = tf.train.load_checkpoint(restored_path)
+      keys = reader.get_variable_to_shape_map()
+      if self._checkpoint is not None:  # an object-based checkpoint
+        held = any(k.startswith(INPUT_PIPELINE + "/") for k in keys)
+      else:
+        held = INPUT_PIPELINE in keys
+      if not held:
         logging.warning("Checkpoint %s holds no input pipeline position: "
                         "input_fn starts from its beginning.", restored_path)
-    try:
-      setattr(self._checkpoint, INPUT_PIPELINE, iterator)
-    except tf.errors.OpError as e:
-      raise ValueError(
-          "Could not restore the input pipeline position saved in "
-          f"{restored_path}: input_fn must build the same dataset as the run "
-          "that saved it (or set RunConfig checkpoint_input_pipeline=False). "
-          f"TensorFlow said: {e.message}") from e
-    self._tracks_input = True
+      try:
+        if self._checkpoint is not None:
+          # Restored at once: restoration of objects attached late.
+          setattr(self._checkpoint, INPUT_PIPELINE, iterator)
+        elif held:
+          _restore_iterator(iterator, restored_path)
+      except tf.errors.OpError as e:
+        raise ValueError(
+            "Could not restore the input pipeline position saved in "
+            f"{restored_path}: input_fn must build the same dataset as the "
+            "run that saved it (or set RunConfig "
+            f"checkpoint_input_pipeline=False). TensorFlow said: "
+            f"{e.message}") from e
+    self._iterator = iterator
+
+  def _save_specs(self):
+    """{checkpoint key: {slice spec: SaveSpec}} of everything saved."""
+    specs = checkpointing.save_specs(self._root)
+    for key in NON_VARIABLE_KEYS:
+      if key in specs:
+        raise ValueError(
+            f"The model has an mtf variable named {key!r}, the checkpoint "
+            "key of the estimator's own state; rename the variable.")
+    step = self._global_step
+    specs[NAME_BASED_GLOBAL_STEP_KEY] = {"": saveable_object.SaveSpec(
+        step.read_value, "", NAME_BASED_GLOBAL_STEP_KEY, dtype=tf.int64,
+        device=_host(step.device))}
+    if self._iterator is not None:
+      iterator = self._iterator
+      specs[INPUT_PIPELINE] = {"": saveable_object.SaveSpec(
+          lambda: iterator._serialize_to_tensors()[_ITERATOR_STATE],  # pylint: disable=protected-access
+          "", INPUT_PIPELINE, dtype=tf.variant, device="/cpu:0")}
+    if self._session is None:
+      # One spelling per host ("cpu:1" is "/job:localhost/.../CPU:1"), so
+      # that TF sees one host and saves without tracing a function.
+      for blocks in specs.values():
+        for spec in blocks.values():
+          spec.device = device_util.canonicalize(spec.device)
+    return specs
+
+  def _write(self, prefix):
+    """Writes the checkpoint files of `prefix` (TF writes them into
+    "<prefix>_temp/" and renames them into place)."""
+    specs = self._save_specs()
+    if self._session is None:
+      functional_saver.MultiDeviceSaver({None: specs}).save(prefix)
+      return
+    keys = sorted(specs)
+    if self._graph_save is None or self._graph_save[0] != keys:
+      with self._session.graph.as_default():
+        feed = tf.compat.v1.placeholder(tf.string, [])
+        op = functional_saver.MultiDeviceSaver({None: specs}).save(feed)
+      self._graph_save = (keys, feed, op)
+    _, feed, op = self._graph_save
+    self._session.run(op, feed_dict={feed: prefix})
 
   def save(self, step):
     """Writes the checkpoint of `step`, lists it, prunes old ones; returns
@@ -289,16 +352,12 @@ class Checkpointer:
       tf.io.gfile.makedirs(self._model_dir)
       remove_partial_checkpoints(self._model_dir)
       self._cleaned = True
-    prefix = os.path.join(self._model_dir, f"{CHECKPOINT_NAME}-{step}")
+    path = os.path.join(self._model_dir, f"{CHECKPOINT_NAME}-{step}")
     try:
-      if self._session is None:
-        path = self._checkpoint.write(prefix)
-      else:
-        with self._session.as_default():
-          path = self._checkpoint.write(prefix)
+      self._write(path)
     except tf.errors.FailedPreconditionError as e:
       remove_partial_checkpoints(self._model_dir)
-      if not self._tracks_input:
+      if self._iterator is None:
         raise
       raise ValueError(
           "RunConfig checkpoint_input_pipeline=True, but the input "
@@ -321,6 +380,34 @@ class Checkpointer:
         tf.io.gfile.remove(old_file)
     logging.info("Saved checkpoint for step %d: %s", step, path)
     return path
+
+
+def _host(device):
+  """The CPU of the host of `device` (a device string, maybe empty)."""
+  return saveable_object_util.set_cpu0(device or "/cpu:0")
+
+
+def _restore_iterator(iterator, path):
+  """Moves `iterator` to the position saved in checkpoint `path`."""
+  with tf.device("/cpu:0"):
+    state, = tf.raw_ops.RestoreV2(prefix=path, tensor_names=[INPUT_PIPELINE],
+                                  shape_and_slices=[""], dtypes=[tf.variant])
+  iterator._restore_from_tensors({_ITERATOR_STATE: state})  # pylint: disable=protected-access
+
+
+_NOTIFIED = set()
+
+
+def _notice_object_based(path):
+  """Says once per checkpoint that it is in the earlier, object-based form."""
+  if path in _NOTIFIED:
+    return
+  _NOTIFIED.add(path)
+  logging.warning(
+      "Checkpoint %s is in the object-based form earlier versions of this "
+      "project wrote (keys 'model/<name>/.ATTRIBUTES/VARIABLE_VALUE'); it "
+      "restores, and new checkpoints are written under the original's "
+      "names.", path)
 
 
 def _state_dir(model_dir):

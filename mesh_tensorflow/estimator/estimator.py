@@ -123,7 +123,8 @@ class Estimator:
     "global_step"."""
     reader = checkpoints.open_checkpoint(self._require_checkpoint())
     values = {name: reader.get_tensor(key) for name, key in
-              checkpointing.variable_keys(reader).items()}
+              checkpointing.variable_keys(reader).items()
+              if name not in checkpoints.NON_VARIABLE_KEYS}
     key = checkpoints.step_key(reader)
     if key is not None:
       values["global_step"] = reader.get_tensor(key)

@@ -134,6 +134,8 @@ def test_evaluate_predict_and_export(run):
       toy_model.predict_input_fn, checkpoint_path=at_20)])
   np.testing.assert_allclose(results["predict"], predictions, rtol=1e-5,
                              atol=1e-6)
+  np.testing.assert_allclose(results["predict_other_layout"], predictions,
+                             rtol=1e-5, atol=1e-6)
   eval_scalars = toy_model.event_scalars(str(work / "graph" / "eval"))
   assert eval_scalars["loss"] == {20: pytest.approx(expected["loss"])}
 

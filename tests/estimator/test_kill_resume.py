@@ -54,11 +54,10 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
   state = tf.train.get_checkpoint_state(str(model_dir))
   for path in state.all_model_checkpoint_paths:
     reader = tf.train.load_checkpoint(path)
-    step = reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")
+    step = reader.get_tensor("global_step")
     assert step == int(re.search(r"-(\d+)$", path).group(1))
-    assert reader.has_tensor("model/out/kernel/.ATTRIBUTES/VARIABLE_VALUE")
-    assert any(k.startswith("input_pipeline/")
-               for k in reader.get_variable_to_shape_map())
+    assert reader.has_tensor("out/kernel")
+    assert reader.has_tensor("input_pipeline")
 
   restarted = _start_worker(model_dir)
   _, stderr = restarted.communicate(timeout=120)

@@ -5,8 +5,8 @@ Usage: python -m tests.estimator.tf1_worker WORK_DIR
 Disables v2 behaviour before anything else, as the original's binaries did,
 then, under WORK_DIR: trains "graph" for STEPS steps, resumes "eager" (which
 the calling test trained eagerly) for RESUME_STEPS more, warm-starts "warm"
-from "graph" for one step, evaluates,
-predicts and exports "graph" and serves the export with a TF1 loader,
+from "graph" for one step, evaluates, predicts (also under another mesh
+and layout) and exports "graph" and serves the export with a TF1 loader,
 trains and evaluates a TPUEstimator(use_tpu=False), and tries a SIMD mesh.
 Writes what it saw to WORK_DIR/results.json.
 """
@@ -70,6 +70,11 @@ def main(work_dir):
   results["evaluate"] = est.evaluate(toy_model.eval_input_fn)
   results["predict"] = np.stack(
       [p["out"] for p in est.predict(toy_model.predict_input_fn)]).tolist()
+  # The same checkpoint restored under another mesh and layout.
+  other = toy_model.make_estimator(os.path.join(work_dir, "graph"),
+                                   mesh_shape="all:2", layout="hidden:all")
+  results["predict_other_layout"] = np.stack(
+      [p["out"] for p in other.predict(toy_model.predict_input_fn)]).tolist()
   receiver_fn = estimator.build_raw_serving_input_receiver_fn(
       {"x": tf.TensorSpec([toy_model.BATCH, toy_model.IO], tf.float32)})
   export_dir = est.export_saved_model(os.path.join(work_dir, "export"),
