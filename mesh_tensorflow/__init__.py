@@ -68,8 +68,10 @@ from mesh_tensorflow import beam_search  # pylint: disable=g-bad-import-order
 from mesh_tensorflow import test_utils  # pylint: disable=g-bad-import-order
 from mesh_tensorflow import utils  # pylint: disable=g-bad-import-order
 
-# The two changes this import makes to TensorFlow's namespaces (none to this
-# package's own modules: gin registration goes through `configurable`).
+# The two changes this import makes to TensorFlow's namespaces. (In this
+# package, only the ops package, imported above, sets attributes of another
+# module: Tensor's operators, see ops/tensor_methods.py. Gin registration
+# goes through `configurable` and rebinds nothing.)
 # 1. A do-not-convert rule for tf.function's autograph (autograph_rules.py).
 autograph_rules.register()
 

@@ -11,14 +11,15 @@ not. Queries run along a dimension named "length" and memories along one
 named "memory_length"; `rename_length_to_memory_length` converts.
 
 `mesh_tensorflow.layers` re-exports the public functions, so users call
-e.g. `mtf.layers.multihead_attention`. This module imports `mesh_tensorflow`
-only inside functions, because `layers` imports it while `mesh_tensorflow`
-itself is still being imported. Local (blocked) attention lives in
+e.g. `mtf.layers.multihead_attention`; this module takes its shared helpers
+from `layer_helpers`, not from `layers`. Local (blocked) attention lives in
 `local_attention_layers`.
 """
 
 import tensorflow as tf
 
+import mesh_tensorflow as mtf
+from mesh_tensorflow import layer_helpers
 from mesh_tensorflow import tf_initializers
 
 __all__ = [
@@ -44,7 +45,6 @@ _MASKED = -1e9
 def rename_length_to_memory_length(x, length_name="length",
                                    memory_length_name="memory_length"):
   """`x` with its dimension `length_name` renamed `memory_length_name`."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   return mtf.rename_dimension(x, length_name, memory_length_name)
 
 
@@ -60,7 +60,6 @@ def attention_mask_ignore_padding(inputs, dtype=tf.float32):
     an mtf Tensor of inputs' shape with "length" renamed "memory_length":
     -1e9 at padding, else 0.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   inputs = rename_length_to_memory_length(inputs)
   return mtf.cast(mtf.equal(inputs, 0), dtype) * _MASKED
 
@@ -77,7 +76,6 @@ def attention_mask_autoregressive(query_pos, dtype=tf.float32):
     an mtf Tensor with query_pos's dimensions plus "memory_length": -1e9
     where memory_pos > query_pos, else 0.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   memory_pos = rename_length_to_memory_length(query_pos)
   return mtf.cast(mtf.less(query_pos, memory_pos), dtype) * _MASKED
 
@@ -97,7 +95,6 @@ def attention_mask_same_segment(query_segment, memory_segment=None,
     an mtf Tensor with the dimensions of both (memory's "length" as
     "memory_length"): -1e9 where the segments differ, else 0.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if memory_segment is None:
     memory_segment = query_segment
   memory_segment = rename_length_to_memory_length(memory_segment)
@@ -123,7 +120,6 @@ def attention_bias_local_block(mesh, block_length, memory_length,
     a float32 mtf Tensor [block_length, memory_length(2 * block)], -1e9
     where a query may not attend, else 0.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   memory_length = mtf.Dimension(memory_length.name, block_length.size)
   previous_block = mtf.zeros(mesh, [block_length, memory_length], dtype=dtype)
   own_block = mtf.cast(
@@ -155,8 +151,6 @@ def dot_product_attention(q, k, v, mask, is_training=False, dropout=0.0,
   Raises:
     ShapeError: q and k do not share their last (depth) dimension.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   depth_k = q.shape.dims[-1]
   if k.shape.dims[-1] != depth_k:
     raise mtf.ShapeError(
@@ -168,7 +162,7 @@ def dot_product_attention(q, k, v, mask, is_training=False, dropout=0.0,
     logits += mtf.cast(mask, logits.dtype)
   weights = mtf.softmax(logits, length_kv, extra_logit=extra_logit)
   if is_training and dropout != 0.0:
-    broadcast_dims = layers._as_list(  # pylint: disable=protected-access
+    broadcast_dims = layer_helpers.as_list(
         dropout_broadcast_dims)
     weights = mtf.dropout(weights, is_training, rate=dropout,
                           noise_shape=weights.shape - broadcast_dims)
@@ -206,15 +200,13 @@ def multihead_attention_params(mesh, heads, io_channels, kv_channels,
   Returns:
     (wq, wk, wv, wo) mtf Tensors in variable_dtype.activation_dtype.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   qk_stddev = (io_channels.size ** -0.5) * (kv_channels.size ** -0.25)
   v_stddev = io_channels.size ** -0.5
   o_stddev = (io_channels.size * heads.size) ** -0.5
   shape = mtf.Shape([heads, io_channels, kv_channels])
   if combine:
     qkvo = mtf.Dimension("qkvo", 4)
-    seed = layers._name_seed("qkvo")  # pylint: disable=protected-access
+    seed = layer_helpers.name_seed("qkvo")
 
     def qkvo_initializer(shape, dtype=tf.float32):
       shape = list(shape)
@@ -232,7 +224,7 @@ def multihead_attention_params(mesh, heads, io_channels, kv_channels,
     for name, stddev in [("q", qk_stddev), ("k", qk_stddev),
                          ("v", v_stddev), ("o", o_stddev)]:
       init = _normal_initializer(
-          stddev, layers._name_seed(name))  # pylint: disable=protected-access
+          stddev, layer_helpers.name_seed(name))
       params.append(mtf.get_variable(mesh, name, shape, initializer=init,
                                      dtype=variable_dtype))
   return tuple(mtf.cast(p, variable_dtype.activation_dtype) for p in params)
@@ -242,7 +234,6 @@ def multihead_attention_vars(mesh, heads, io_channels, kv_channels,
                              master_dtype, slice_dtype, activation_dtype):
   """`multihead_attention_params(..., combine=True)` with the dtypes given
   one by one (the original's older interface): one variable "qkvo"."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   return multihead_attention_params(
       mesh, heads, io_channels, kv_channels,
       mtf.VariableDType(master_dtype, slice_dtype, activation_dtype),
@@ -290,8 +281,6 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
     ShapeError: the memory's batch or channel dimensions differ from the
       query's.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   batch_dims = query_antecedent.shape.dims[:-2]
   query_length, io_channels = query_antecedent.shape.dims[-2:]
   if memory_antecedent is None:
@@ -307,7 +296,7 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
     raise mtf.ShapeError(
         f"multihead_attention: memory_antecedent channels {memory_channels} "
         f"differ from query_antecedent channels {io_channels}.")
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       query_antecedent.mesh, name, "multihead_attention"):
     wq, wk, wv, wo = _attention_vars(query_antecedent, heads, kv_channels,
                                      master_dtype, slice_dtype)
@@ -323,7 +312,6 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
 
 
 def _as_step(mesh, step_num):
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if isinstance(step_num, mtf.Tensor):
     return step_num
   return mtf.constant(mesh, step_num, mtf.Shape([]), dtype=tf.int32)
@@ -351,13 +339,11 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
     (y, k, v): y of query_antecedent's shape and the caches with this
     step's key and value written at position step_num.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   batch_dims = query_antecedent.shape.dims[:-1]
   heads, memory_length, kv_channels = prev_k.shape.dims[-3:]
   mesh = query_antecedent.mesh
   step_num = _as_step(mesh, step_num)
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
     wq, wk, wv, wo = _attention_vars(query_antecedent, heads, kv_channels,
                                      master_dtype, slice_dtype)
@@ -396,7 +382,6 @@ def multihead_encdec_attention_incremental(query_antecedent, wq, wo, k, v,
   Returns:
     an mtf Tensor of query_antecedent's shape.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   del name  # No variables: the scope would name nothing.
   heads, _, kv_channels = k.shape.dims[-3:]
   query_dims = query_antecedent.shape.dims[:-1]
@@ -423,7 +408,6 @@ def compress_mean(x, dim, compression_factor):
     ShapeError: dim is not a dimension of x, or compression_factor does not
       divide it.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   dims = x.shape.dims
   if dim not in dims:
     raise mtf.ShapeError(f"compress_mean: {dim} is not a dimension of "
@@ -466,11 +450,9 @@ def multihead_self_attention_memory_compressed(
   Returns:
     an mtf Tensor of x's shape.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   batch_dims = x.shape.dims[:-2]
   length, io_channels = x.shape.dims[-2:]
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       x.mesh, name, "compressed_attention"):
     wq, wk, wv, wo = _attention_vars(x, heads, kv_channels, master_dtype,
                                      slice_dtype)

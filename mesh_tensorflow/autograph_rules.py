@@ -11,13 +11,17 @@ nothing. TensorFlow keeps such rules for its own packages; this adds one for
 
 from absl import logging
 
+try:
+  # TensorFlow's private autograph configuration: present in every TF 2
+  # release so far, but not a public API, so it may go.
+  from tensorflow.python.autograph.core import config  # pylint: disable=g-direct-tensorflow-import
+except ImportError:  # pragma: no cover - depends on the TF version
+  config = None
+
 
 def register():
   """Adds a do-not-convert rule for the `mesh_tensorflow` package."""
-  try:
-    # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
-    from tensorflow.python.autograph.core import config
-  except ImportError:  # pragma: no cover - depends on the TF version
+  if config is None:  # pragma: no cover - depends on the TF version
     logging.warning("Could not register mesh_tensorflow with autograph; "
                     "tracing inside tf.function will be slower.")
     return

@@ -12,7 +12,9 @@ original.
 
 import tensorflow as tf
 
+import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable as configurable_lib
+from mesh_tensorflow import layer_helpers
 
 __all__ = [
     "avg_pool2d",
@@ -31,7 +33,6 @@ __all__ = [
 def _conv2d_filter(x, output_dim, filter_size, filter_initializer,
                    variable_dtype):
   """The variable "kernel" [fh, fw, x.shape[-1], output_dim], cast to x."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if len(filter_size) != 2:
     raise mtf.ShapeError(
         f"conv2d of {x.name} {x.shape}: filter_size {filter_size} must have "
@@ -65,10 +66,7 @@ def conv2d(x, output_dim, filter_size=(3, 3), strides=(1, 1), padding="SAME",
   Returns:
     an mtf Tensor [batch..., out_height, out_width, output_dim].
   """
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  variable_scope = layers._variable_scope  # pylint: disable=protected-access
-  with variable_scope(x.mesh, name, "conv2d"):
+  with layer_helpers.variable_scope(x.mesh, name, "conv2d"):
     conv_filter = _conv2d_filter(x, output_dim, filter_size,
                                  filter_initializer, variable_dtype)
     return mtf.conv2d(x, conv_filter, [1] + list(strides) + [1], padding)
@@ -102,10 +100,7 @@ def conv2d_with_blocks(x, output_dim, filter_size=(3, 3), strides=(1, 1),
   Returns:
     an mtf Tensor [batch..., h_blocks, w_blocks, h, w, output_dim].
   """
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  variable_scope = layers._variable_scope  # pylint: disable=protected-access
-  with variable_scope(x.mesh, name, "conv2d"):
+  with layer_helpers.variable_scope(x.mesh, name, "conv2d"):
     conv_filter = _conv2d_filter(x, output_dim, filter_size,
                                  filter_initializer, variable_dtype)
     return mtf.conv2d_with_blocks(
@@ -128,7 +123,6 @@ def conv1d(x, output_dim, filter_size=3, stride=1, **kwargs):
     an mtf Tensor [batch..., out_length, output_dim]; the kernel variable is
     [fh:1, fw:filter_size, in_channels, output_dim].
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if x.shape.ndims < 2:
     raise mtf.ShapeError(
         f"conv1d of {x.name} {x.shape}: the input needs a length and a "
@@ -144,25 +138,21 @@ def conv1d(x, output_dim, filter_size=3, stride=1, **kwargs):
 
 def max_pool2d(x, ksize=(2, 2), name="max_pool2d"):
   """Non-overlapping 2-D max pooling of [batch..., h, w, channels]."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   return mtf.max_pool2d(x, ksize, name=name)
 
 
 def avg_pool2d(x, ksize=(2, 2), name="avg_pool2d"):
   """Non-overlapping 2-D average pooling of [batch..., h, w, channels]."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   return mtf.avg_pool2d(x, ksize, name=name)
 
 
 def max_pool3d(x, ksize=(2, 2, 2), name="max_pool3d"):
   """Non-overlapping 3-D max pooling of [batch..., d, h, w, channels]."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   return mtf.max_pool3d(x, ksize, name=name)
 
 
 def avg_pool3d(x, ksize=(2, 2, 2), name="avg_pool3d"):
   """Non-overlapping 3-D average pooling of [batch..., d, h, w, channels]."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   return mtf.avg_pool3d(x, ksize, name=name)
 
 
@@ -194,8 +184,6 @@ def batch_norm(x, is_training, momentum, epsilon=1e-9, dims_idx_start=0,
     update the moving mean and variance (empty when not training); run them
     with the training step.
   """
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   norm_dims = x.shape.dims[dims_idx_start:dims_idx_end]
   if not norm_dims:
     raise mtf.ShapeError(
@@ -203,8 +191,7 @@ def batch_norm(x, is_training, momentum, epsilon=1e-9, dims_idx_start=0,
         f"and dims_idx_end={dims_idx_end} select no dimension to normalize "
         "over.")
   reduced_shape = x.shape - norm_dims
-  variable_scope = layers._variable_scope  # pylint: disable=protected-access
-  with variable_scope(x.mesh, name, "batch_norm"):
+  with layer_helpers.variable_scope(x.mesh, name, "batch_norm"):
     gamma_initializer = (tf.zeros_initializer() if init_zero
                          else tf.ones_initializer())
     scale = mtf.get_variable(x.mesh, "batch_norm_scale", reduced_shape,
@@ -240,7 +227,6 @@ def batch_norm(x, is_training, momentum, epsilon=1e-9, dims_idx_start=0,
 
 def multiplicative_jitter(x, epsilon=1e-2):
   """x times uniform noise in [1 - epsilon, 1 + epsilon); x if epsilon == 0."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if epsilon == 0:
     return x
   return x * mtf.random_uniform(x.mesh, x.shape, minval=1.0 - epsilon,
@@ -263,7 +249,6 @@ def clip_activation_gradient(x, clip_rms_norm=None):
   Returns:
     an mtf Tensor equal to x.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if not clip_rms_norm:
     return x
 

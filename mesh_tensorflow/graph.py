@@ -318,6 +318,11 @@ class Tensor:
 
   It has a mesh, a Shape of named dimensions and a tf.DType; its values exist
   only after lowering, as slices on the processors of the mesh.
+
+  Its arithmetic operators (+, -, *, /, //, % and unary -) build mtf
+  operations; the ops package installs them when it is imported (see
+  `mesh_tensorflow.ops.tensor_methods`), which importing any part of
+  mesh_tensorflow does, so that this module needs no operation.
   """
 
   def __init__(self, operation, shape, dtype, name=None, index=0):
@@ -365,60 +370,6 @@ class Tensor:
 
   def __repr__(self):
     return self.to_string
-
-  # Arithmetic operators build mtf operations; ops import this module, so the
-  # import happens at call time.
-  def __add__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.add(self, other)
-
-  def __radd__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.add(self, other)
-
-  def __sub__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.sub(self, other)
-
-  def __rsub__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.sub(other, self)
-
-  def __mul__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.multiply(self, other)
-
-  def __rmul__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.multiply(self, other)
-
-  def __truediv__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.divide(self, other)
-
-  def __rtruediv__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.divide(other, self)
-
-  def __floordiv__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.floordiv(self, other)
-
-  def __rfloordiv__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.floordiv(other, self)
-
-  def __mod__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.mod(self, other)
-
-  def __rmod__(self, other):
-    from mesh_tensorflow.ops import binary  # pylint: disable=g-import-not-at-top
-    return binary.mod(other, self)
-
-  def __neg__(self):
-    from mesh_tensorflow.ops import elementwise  # pylint: disable=g-import-not-at-top
-    return elementwise.negative(self)
 
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")

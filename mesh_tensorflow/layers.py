@@ -1,68 +1,42 @@
 """Layers built from mtf operations: dense, layer norm, embeddings, losses.
 
+Also the layers of attention_layers, local_attention_layers, conv_layers,
+conv_transpose_layers and residual_layers, re-exported here as in the
+original, where all were in this one module.
+
 Everything here is pure mtf code: it takes and returns mtf Tensors, creates
 its variables with `mtf.get_variable` inside `tf.compat.v1.variable_scope`,
 and so names them as the original Mesh TensorFlow did (e.g. "dense/kernel",
 "layer_prepostprocess/layer_norm/layer_norm_scale").
 """
 
-import contextlib
 import functools
 import random
-import weakref
 
 from absl import logging
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable as configurable_lib
+from mesh_tensorflow import layer_helpers
 from mesh_tensorflow import tf_initializers
 
-# Scope names already taken in each mtf.Graph, for layers called without a
-# name. TensorFlow's own default-name counter lives in a process-wide store
-# in eager and tf.function mode, so a retraced function would name its
-# variables "dense_1" and create new ones; counting per mtf.Graph gives the
-# same names on every trace.
-_SCOPES_IN_USE = weakref.WeakKeyDictionary()
+# Attention and convolution/normalisation layers live in their own modules;
+# they are part of `mtf.layers` as in the original.
+# pylint: disable=wildcard-import
+from mesh_tensorflow.attention_layers import *
+from mesh_tensorflow.conv_layers import *
+from mesh_tensorflow.conv_transpose_layers import *
+from mesh_tensorflow.local_attention_layers import *
+from mesh_tensorflow.residual_layers import *
+# pylint: enable=wildcard-import
 
-
-@contextlib.contextmanager
-def _variable_scope(mesh, name, default_name):
-  """A `tf.compat.v1.variable_scope` named `name`, else a unique default."""
-  with tf.compat.v1.variable_scope(_scope_name(mesh, name, default_name)):
-    yield
-
-
-def _scope_name(mesh, name, default_name):
-  """`name`, else `default_name` made unique in the current scope; marks the
-  result as used."""
-  used = _SCOPES_IN_USE.setdefault(mesh.graph, set())
-  outer = tf.compat.v1.get_variable_scope().name
-  if name is None:
-    name = default_name
-    count = 0
-    while f"{outer}/{name}" in used:
-      count += 1
-      name = f"{default_name}_{count}"
-  used.add(f"{outer}/{name}")
-  return name
-
-
-def _name_seed(name):
-  """A seed from the scoped name `name` would get in get_variable."""
-  return tf_initializers.name_seed(name)
-
-
-def _as_list(dims):
-  if dims is None:
-    return []
-  if isinstance(dims, mtf.Dimension):  # A namedtuple: test before tuple.
-    return [dims]
-  if isinstance(dims, mtf.Shape):
-    return dims.dims
-  if isinstance(dims, (list, tuple)):
-    return list(dims)
-  return [dims]
+# The helpers every layer module shares (layer_helpers.py), under the names
+# they had here.
+_variable_scope = layer_helpers.variable_scope
+_scope_name = layer_helpers.scope_name
+_name_seed = layer_helpers.name_seed
+_as_list = layer_helpers.as_list
 
 
 @configurable_lib.configurable
@@ -479,11 +453,97 @@ def dense_relu_dense(x, hidden_channels, is_training=False, dropout=0.0,
                  slice_dtype=slice_dtype, name="wo")
 
 
-# Attention and convolution/normalisation layers live in their own modules;
-# they are part of `mtf.layers` as in the original.
-# pylint: disable=g-import-not-at-top,wildcard-import,wrong-import-position
-from mesh_tensorflow.attention_layers import *
-from mesh_tensorflow.local_attention_layers import *
-from mesh_tensorflow.conv_layers import *
-from mesh_tensorflow.conv_transpose_layers import *
-from mesh_tensorflow.residual_layers import *
+def _depthwise_conv1d_hack(x, depth_dim, length_dim, min_relative_pos=-1,
+                           max_relative_pos=1, name=None, use_bias=True,
+                           initializer_scale=1.0, kernel_depth_weights=None):
+  """A depthwise 1-D convolution as a sum of shifted, scaled copies of x.
+
+  y[i, c] = sum_r w_r[c] * x[i + r, c] (+ bias[c]) for r in
+  [min_relative_pos, max_relative_pos], zero outside the sequence. Each w_r
+  is the kernel of a `dense` layer "depthwise_dense_{k}" with expert
+  dimension `depth_dim` (only the first has a bias), or
+  `kernel_depth_weights[k]`.
+  """
+  kernel_size = max_relative_pos - min_relative_pos + 1
+  if kernel_size < 1:
+    raise ValueError(
+        f"separable_conv1d: max_relative_pos {max_relative_pos} is below "
+        f"min_relative_pos {min_relative_pos}.")
+  if kernel_depth_weights is not None and len(
+      kernel_depth_weights) != kernel_size:
+    raise ValueError(
+        f"separable_conv1d: {len(kernel_depth_weights)} kernel_depth_weights "
+        f"for a kernel of size {kernel_size}.")
+  ret = None
+  with _variable_scope(x.mesh, name, "depthwise_conv_hack"):
+    for i in range(kernel_size):
+      relative_pos = min_relative_pos + i
+      shifted = mtf.shift(x, -relative_pos, length_dim, wrap=False)
+      term = dense(
+          shifted, new_dims=[], reduced_dims=[], expert_dims=[depth_dim],
+          kernel_weights=(kernel_depth_weights[i]
+                          if kernel_depth_weights is not None else None),
+          name=f"depthwise_dense_{i}", use_bias=use_bias and i == 0,
+          kernel_initializer=VarianceScalingInitializer(
+              scale=initializer_scale / kernel_size))
+      ret = term if ret is None else ret + term
+  return ret
+
+
+def separable_conv1d(x, output_dim, min_relative_pos=-1, max_relative_pos=1,
+                     depthwise_filter_initializer_scale=1.0,
+                     pointwise_filter_initializer_scale=1.0, name=None,
+                     use_bias=True, kernel_depth_weights=None):
+  """A 1-D convolution with a separable filter (depthwise, then pointwise).
+
+  The depthwise part is y[i, c] = sum_r w_r[c] * x[i + r, c] + b[c] for r
+  in [min_relative_pos, max_relative_pos] (zero past the ends of the
+  sequence, which may be split across the mesh); the pointwise part is a
+  `dense` layer from the channels to `output_dim`. Variables (default scope
+  "separable_conv1d"): "depthwise_conv_hack/depthwise_dense_{k}/kernel"
+  [channels], "depthwise_conv_hack/depthwise_dense_0/bias",
+  "pointwise_dense/kernel" [channels, output_dim] and "pointwise_dense/bias".
+
+  Args:
+    x: an mtf Tensor [batch..., length, channels].
+    output_dim: the Dimension of the output channels.
+    min_relative_pos: the smallest offset r the filter reads (inclusive).
+    max_relative_pos: the largest offset r (inclusive); the filter size is
+      max_relative_pos - min_relative_pos + 1.
+    depthwise_filter_initializer_scale: variance scale of the depthwise
+      weights (divided by the filter size); None means 1.0.
+    pointwise_filter_initializer_scale: variance scale of the pointwise
+      kernel; None means 1.0.
+    name: the variable scope.
+    use_bias: whether both parts have a bias.
+    kernel_depth_weights: optional list of one mtf Tensor [channels] per
+      offset, used instead of the depthwise variables.
+
+  Returns:
+    an mtf Tensor [batch..., length, output_dim].
+  """
+  if x.shape.ndims < 2:
+    raise mtf.ShapeError(
+        f"separable_conv1d of {x.name} {x.shape}: the input needs a length "
+        "and a channels dimension.")
+  if depthwise_filter_initializer_scale is None:
+    depthwise_filter_initializer_scale = 1.0
+  if pointwise_filter_initializer_scale is None:
+    pointwise_filter_initializer_scale = 1.0
+  length_dim, depth_dim = x.shape.dims[-2:]
+  with _variable_scope(x.mesh, name, "separable_conv1d"):
+    depthwise = _depthwise_conv1d_hack(
+        x, depth_dim=depth_dim, length_dim=length_dim,
+        min_relative_pos=min_relative_pos, max_relative_pos=max_relative_pos,
+        use_bias=use_bias,
+        initializer_scale=depthwise_filter_initializer_scale,
+        kernel_depth_weights=kernel_depth_weights,
+        # Named, not a default made unique: a second call under the same
+        # name (e.g. a decoding step) reuses the depthwise weights, as
+        # TF1's re-entered variable scopes did in the original.
+        name="depthwise_conv_hack")
+    return dense(
+        depthwise, new_dims=[output_dim], reduced_dims=[depth_dim],
+        name="pointwise_dense", use_bias=use_bias,
+        kernel_initializer=VarianceScalingInitializer(
+            scale=pointwise_filter_initializer_scale))

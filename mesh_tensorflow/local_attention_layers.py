@@ -17,7 +17,9 @@ the layer's scope.
 
 import tensorflow as tf
 
+import mesh_tensorflow as mtf
 from mesh_tensorflow import attention_layers
+from mesh_tensorflow import layer_helpers
 
 __all__ = [
     "attention_bias_local_2d_block",
@@ -79,8 +81,6 @@ def masked_local_attention_1d(x, kv_channels, heads, is_training=False,
   Raises:
     ShapeError: length_per_split does not divide the length.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   del is_training
   batch_dims = x.shape.dims[:-2]
   length, io_channels = x.shape.dims[-2:]
@@ -93,7 +93,7 @@ def masked_local_attention_1d(x, kv_channels, heads, is_training=False,
   block_length = max(window_size, 128)
   while length_per_split % block_length:
     block_length -= 1
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
     if params is None:
       params = _layer_vars(x, heads, kv_channels, master_dtype, slice_dtype)
@@ -154,13 +154,11 @@ def masked_local_attention_1d_incremental(x, prev_k, prev_v, step_num,
   Returns:
     (y, k, v): y of x's shape and the updated caches.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   batch_dims = x.shape.dims[:-1]
   heads, window_length, kv_channels = prev_k.shape.dims[-3:]
   step_num = attention_layers._as_step(  # pylint: disable=protected-access
       x.mesh, step_num)
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
     if params is None:
       params = _layer_vars(x, heads, kv_channels, master_dtype, slice_dtype)
@@ -181,7 +179,6 @@ def _halo(t, blocks_dim, block_dim, halo_size, mask_right):
   """t's blocks grown by halo_size neighbouring entries: from the left
   only when mask_right, else from both sides; zero padding when blocks_dim
   is None (one block)."""
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if halo_size <= 0:
     return t
   if blocks_dim is not None:
@@ -268,8 +265,6 @@ def local_self_attention_spatial_blocks(
   Raises:
     ShapeError: query_antecedent is not 4-D.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   del is_training, memory_w_dim
   if query_antecedent.shape.ndims != 4:
     raise mtf.ShapeError(
@@ -278,7 +273,7 @@ def local_self_attention_spatial_blocks(
         "io_channels].")
   batch, num_w_blocks, w_dim, _ = query_antecedent.shape.dims
   mesh = query_antecedent.mesh
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
     wq, wk, wv, wo = _layer_vars(query_antecedent, heads, kv_channels,
                                  master_dtype, slice_dtype)
@@ -327,7 +322,6 @@ def attention_bias_local_2d_block(mesh, h_dim, w_dim, memory_h_dim,
     a float32 mtf Tensor [h_dim, w_dim, memory_h_dim, memory_w_dim]: -1e9
     where a query may not attend, else 0.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   memory_h = mtf.Dimension(memory_h_dim.name, 2 * h_dim.size)
   memory_w = mtf.Dimension(memory_w_dim.name, 2 * w_dim.size)
   # Memory coordinates relative to the query's block (negative: before).
@@ -383,8 +377,6 @@ def local_2d_self_attention_spatial_blocks(
   Raises:
     ShapeError: query_antecedent is not 6-D.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
   del is_training, memory_h_dim, memory_w_dim
   if query_antecedent.shape.ndims != 6:
     raise mtf.ShapeError(
@@ -394,7 +386,7 @@ def local_2d_self_attention_spatial_blocks(
   batch, num_h_blocks, num_w_blocks, h_dim, w_dim, _ = (
       query_antecedent.shape.dims)
   mesh = query_antecedent.mesh
-  with layers._variable_scope(  # pylint: disable=protected-access
+  with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
     wq, wk, wv, wo = _layer_vars(query_antecedent, heads, kv_channels,
                                  master_dtype, slice_dtype)

@@ -15,8 +15,10 @@ own forward outputs.
 
 import tensorflow as tf
 
-from mesh_tensorflow.gradients import gradients as mtf_gradients
+import mesh_tensorflow as mtf
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.gradients import gradients as mtf_gradients
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants
 
@@ -118,7 +120,7 @@ def reversible_half_residual_and_swap(x1, x1_backwards, x2, x2_backwards, f,
 
     x1, x1_bw, x2, x2_bw = x, None, x, None
     for f in fns:
-      x1, x1_bw, x2, x2_bw = mtf.layers.reversible_half_residual_and_swap(
+      x1, x1_bw, x2, x2_bw = reversible_half_residual_and_swap(
           x1, x1_bw, x2, x2_bw, f)
     y = (x1 + x2) / 2
 
@@ -171,7 +173,6 @@ def annealed_dropout(x, is_training, start_step, end_step, init_rate=1.0,
   Returns:
     an mtf Tensor like x.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   if not is_training or init_rate == 0:
     return x
   if end_step <= start_step:
@@ -211,9 +212,7 @@ def summary_for_clip_activation_gradient(t, name, batch_dims=None):
   Raises:
     ShapeError: a batch dimension is not a dimension of t.
   """
-  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layers  # pylint: disable=g-import-not-at-top
-  batch_dims = layers._as_list(batch_dims)  # pylint: disable=protected-access
+  batch_dims = layer_helpers.as_list(batch_dims)
   for d in batch_dims:
     if d not in t.shape.dims:
       raise mtf.ShapeError(

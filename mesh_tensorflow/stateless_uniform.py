@@ -15,11 +15,13 @@ A processor gets its slice in one of three ways, all giving the same bits:
 - run: the slice is one contiguous run of the full tensor (only its first
   split axis is split and the axes before it have size 1): the kernel from
   that run's counter;
-- any other slice: `stateless_random.philox4x32` on each element's counter.
+- any other slice: `philox.philox4x32` on each element's counter.
 """
 
 import numpy as np
 import tensorflow as tf
+
+from mesh_tensorflow import philox
 
 _PHILOX = 1  # The `alg` of TF's stateless kernels.
 # Slices of tensors up to this many elements come from the whole tensor.
@@ -79,16 +81,15 @@ def is_fused(full_shape, slice_shape):
 
 def _from_words(seed, full_shape, slice_shape, begin):
   """Element by element: word j % 4 of Philox(seed, j // 4)."""
-  from mesh_tensorflow import stateless_random  # pylint: disable=g-import-not-at-top
-  index = tf.reshape(stateless_random.global_linear_index(
+  index = tf.reshape(philox.global_linear_index(
       full_shape, slice_shape, begin), [-1])
   counter = tf.bitwise.right_shift(index, tf.constant(2, tf.uint64))
   low = tf.cast(counter, tf.uint32)
   high = tf.cast(tf.bitwise.right_shift(counter, tf.constant(32, tf.uint64)),
                  tf.uint32)
   zeros = tf.zeros_like(low)
-  words = tf.stack(stateless_random.philox4x32(
-      (low, high, zeros, zeros), stateless_random.seed_to_key(seed)), axis=1)
+  words = tf.stack(philox.philox4x32(
+      (low, high, zeros, zeros), philox.seed_to_key(seed)), axis=1)
   lane = tf.cast(tf.bitwise.bitwise_and(index, tf.constant(3, tf.uint64)),
                  tf.int32)
   word = tf.gather(words, lane, axis=1, batch_dims=1)

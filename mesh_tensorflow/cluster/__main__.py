@@ -11,6 +11,9 @@ for --serve_seconds).
 import argparse
 import os
 
+from mesh_tensorflow.cluster import runtime
+from mesh_tensorflow.cluster import spec
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -33,9 +36,6 @@ def _parser():
 def main(argv=None):
   parser = _parser()
   args = parser.parse_args(argv)
-  # Imported after parsing, so that bad flags fail before TF loads servers.
-  from mesh_tensorflow.cluster import runtime  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.cluster import spec  # pylint: disable=g-import-not-at-top
   try:
     if args.worker_hosts:
       cluster_spec = spec.ClusterSpec.from_worker_hosts(args.worker_hosts,

@@ -46,25 +46,20 @@ from absl import logging
 import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
+from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow.cluster import errors
 from mesh_tensorflow.cluster import spec as spec_lib
 from mesh_tensorflow.cluster import watchdog as watchdog_lib
+
+# Defined with the package's other errors; public here, where it was first.
+ClusterError = errors.ClusterError
 
 _TASK_IN_MESSAGE = re.compile(r"/job:([\w-]+)/replica:\d+/task:(\d+)")
 # Errors by which TF reports a task it cannot talk to any more.
 _TASK_FAILURES = (tf.errors.UnavailableError, tf.errors.AbortedError,
                   tf.errors.DeadlineExceededError, tf.errors.CancelledError)
-
-
-class ClusterError(RuntimeError):
-  """A task of the cluster cannot be reached or failed while running.
-
-  Attributes:
-    task: the spec.Task at fault, or None if TensorFlow did not say.
-  """
-
-  def __init__(self, message, task=None):
-    super().__init__(message)
-    self.task = task
 
 
 def collective_leader(cluster_spec):
@@ -275,8 +270,6 @@ class Cluster:
 
   def placement_mesh_impl(self, shape, layout, **kwargs):
     """A PlacementMeshImpl on this cluster's devices (see `devices`)."""
-    from mesh_tensorflow import placement_mesh_impl  # pylint: disable=g-import-not-at-top
-    from mesh_tensorflow import shape as shape_lib  # pylint: disable=g-import-not-at-top
     size = shape_lib.convert_to_shape(shape).size
     return placement_mesh_impl.PlacementMeshImpl(
         shape, layout, devices=self.devices(size), **kwargs)
@@ -290,8 +283,6 @@ class Cluster:
     collective_timeout_seconds, so that a dead task fails a collective
     instead of leaving it waiting).
     """
-    from mesh_tensorflow import shape as shape_lib  # pylint: disable=g-import-not-at-top
-    from mesh_tensorflow import simd_mesh_impl  # pylint: disable=g-import-not-at-top
     size = shape_lib.convert_to_shape(shape).size
     return simd_mesh_impl.SimdMeshImpl(
         shape, layout, devices=self.devices(size, include_chief=False),

@@ -19,15 +19,18 @@ import collections
 import json
 import os
 
+import tensorflow as tf
+
+from mesh_tensorflow.cluster import errors
+
+# Defined with the package's other errors; public here, where it was first.
+ClusterSpecError = errors.ClusterSpecError
+
 _JOB_ORDER = ("chief", "worker")
 
 Task = collections.namedtuple("Task", ("job", "index", "address"))
 Task.__doc__ = """One task of a cluster: its job name, index and host:port."""
 Task.name = property(lambda self: f"/job:{self.job}/task:{self.index}")
-
-
-class ClusterSpecError(ValueError):
-  """A cluster spec (TF_CONFIG or flags) that cannot describe a cluster."""
 
 
 class ClusterSpec:
@@ -149,7 +152,6 @@ class ClusterSpec:
 
   def as_cluster_def(self):
     """TensorFlow's `tf.train.ClusterSpec` of the same tasks."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf.train.ClusterSpec(self.jobs)
 
   def task_of_device(self, device):

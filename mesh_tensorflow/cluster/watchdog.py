@@ -26,6 +26,7 @@ import threading
 
 from absl import logging
 
+from mesh_tensorflow.cluster import errors
 from mesh_tensorflow.cluster import spec as spec_lib
 
 # The HTTP/2 client connection preface and an empty SETTINGS frame.
@@ -116,9 +117,8 @@ class Watchdog:
           return
 
   def _report(self, task):
-    from mesh_tensorflow.cluster import runtime  # pylint: disable=g-import-not-at-top
     waited = self._misses * (self._interval + self._timeout)
-    self._on_failure(runtime.ClusterError(
+    self._on_failure(errors.ClusterError(
         f"Task {task.name} at {task.address} stopped answering ({self._misses}"
         f" checks in a row over about {waited:g} s): its process is frozen "
         f"or its machine or network hangs. Restart it and the chief; "

@@ -4,30 +4,30 @@ from mesh_tensorflow.ops.binary import add
 from mesh_tensorflow.ops.binary import add_n
 from mesh_tensorflow.ops.binary import AddNOperation
 from mesh_tensorflow.ops.binary import AddOperation
-from mesh_tensorflow.ops.binary import binary_arguments_to_tensors
-from mesh_tensorflow.ops.binary import binary_op_with_broadcasting
-from mesh_tensorflow.ops.binary import BinaryOpWithBroadcasting
 from mesh_tensorflow.ops.binary import divide
-from mesh_tensorflow.ops.binary import equal
-from mesh_tensorflow.ops.binary import floordiv
-from mesh_tensorflow.ops.binary import greater
-from mesh_tensorflow.ops.binary import greater_equal
-from mesh_tensorflow.ops.binary import less
-from mesh_tensorflow.ops.binary import less_equal
-from mesh_tensorflow.ops.binary import logical_and
-from mesh_tensorflow.ops.binary import logical_or
 from mesh_tensorflow.ops.binary import maximum
 from mesh_tensorflow.ops.binary import minimum
 from mesh_tensorflow.ops.binary import MinMaxOperation
-from mesh_tensorflow.ops.binary import mod
 from mesh_tensorflow.ops.binary import mtf_pow
 from mesh_tensorflow.ops.binary import multiply
-from mesh_tensorflow.ops.binary import not_equal
 from mesh_tensorflow.ops.binary import ScalarAddOperation
 from mesh_tensorflow.ops.binary import ScalarMultiplyOperation
 from mesh_tensorflow.ops.binary import sub
 from mesh_tensorflow.ops.binary import where
 from mesh_tensorflow.ops.binary import WhereOperation
+from mesh_tensorflow.ops.comparisons import binary_arguments_to_tensors
+from mesh_tensorflow.ops.comparisons import binary_op_with_broadcasting
+from mesh_tensorflow.ops.comparisons import BinaryOpWithBroadcasting
+from mesh_tensorflow.ops.comparisons import equal
+from mesh_tensorflow.ops.comparisons import floordiv
+from mesh_tensorflow.ops.comparisons import greater
+from mesh_tensorflow.ops.comparisons import greater_equal
+from mesh_tensorflow.ops.comparisons import less
+from mesh_tensorflow.ops.comparisons import less_equal
+from mesh_tensorflow.ops.comparisons import logical_and
+from mesh_tensorflow.ops.comparisons import logical_or
+from mesh_tensorflow.ops.comparisons import mod
+from mesh_tensorflow.ops.comparisons import not_equal
 from mesh_tensorflow.ops.constants import Constant
 from mesh_tensorflow.ops.constants import constant
 from mesh_tensorflow.ops.constants import import_fully_replicated
@@ -77,21 +77,21 @@ from mesh_tensorflow.ops.indexing import gather
 from mesh_tensorflow.ops.indexing import GatherOperation
 from mesh_tensorflow.ops.indexing import one_hot
 from mesh_tensorflow.ops.indexing import OneHotOperation
+from mesh_tensorflow.ops.reduce import broadcast
+from mesh_tensorflow.ops.reduce import BroadcastOperation
 from mesh_tensorflow.ops.reduce import reduce_all
 from mesh_tensorflow.ops.reduce import reduce_any
-from mesh_tensorflow.ops.reduce import reduce_logsumexp
 from mesh_tensorflow.ops.reduce import reduce_max
 from mesh_tensorflow.ops.reduce import reduce_mean
 from mesh_tensorflow.ops.reduce import reduce_min
 from mesh_tensorflow.ops.reduce import reduce_sum
 from mesh_tensorflow.ops.reduce import ReduceOperation
 from mesh_tensorflow.ops.softmax import log_softmax
+from mesh_tensorflow.ops.softmax import reduce_logsumexp
 from mesh_tensorflow.ops.softmax import softmax
 from mesh_tensorflow.ops.softmax import SoftmaxGradOperation
 from mesh_tensorflow.ops.softmax import SoftmaxOperation
 from mesh_tensorflow.ops.reshapes import anonymize
-from mesh_tensorflow.ops.reshapes import broadcast
-from mesh_tensorflow.ops.reshapes import BroadcastOperation
 from mesh_tensorflow.ops.reshapes import combined_dimension
 from mesh_tensorflow.ops.reshapes import rename_dimension
 from mesh_tensorflow.ops.reshapes import replace_dimensions
@@ -135,3 +135,9 @@ from mesh_tensorflow.ops.tf_helpers import *
 # pylint: enable=wildcard-import
 
 __all__ = [name for name in dir() if not name.startswith("_")]
+
+# Tensor's operators (+, -, *, /, //, %, unary -) come from the ops, which
+# graph.py does not import: installed here, once (see tensor_methods.py).
+from mesh_tensorflow.ops import tensor_methods  # pylint: disable=g-bad-import-order
+tensor_methods.register_tensor_methods()
+del tensor_methods

@@ -1,64 +1,21 @@
-"""Binary operations with broadcasting by dimension name.
+"""Arithmetic binary operations with broadcasting by dimension name.
 
-Operands are matched by dimension *name*, not position. The output shape is
-the longer shape when one is a subsequence of the other, else the dimensions
-of the first operand followed by the new dimensions of the second (or an
-explicit `output_shape`). Python scalars are allowed as either operand.
+add, sub, multiply, divide, minimum, maximum, pow, where and add_n. They
+broadcast as every binary operation does (see `comparisons`), and their
+gradients sum over the dimensions an operand was broadcast along.
 """
 
 import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
-from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
+from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import reduce as reduce_lib
 from mesh_tensorflow.ops import slicewise_ops
-
-
-def broadcast_shape(shape1, shape2, output_shape=None, context="binary op"):
-  """The output shape of a broadcasting binary op (see module docstring)."""
-  shape_lib.check_consistent_sizes([shape1, shape2], context)
-  if output_shape is not None:
-    output_shape = shape_lib.convert_to_shape(output_shape)
-    shape_lib.check_consistent_sizes([shape1, shape2, output_shape], context)
-    missing = [d.name for d in shape1.dims + shape2.dims
-               if d.name not in output_shape.dimension_names]
-    if missing:
-      raise errors.ShapeError(
-          f"{context}: output shape {output_shape} lacks input dimensions "
-          f"{sorted(set(missing))}; reduce them explicitly first.")
-    return output_shape
-  if shape_lib.is_subsequence(shape1.dims, shape2.dims):
-    return shape2
-  if shape_lib.is_subsequence(shape2.dims, shape1.dims):
-    return shape1
-  return shape_lib.Shape(
-      shape1.dims + [d for d in shape2.dims if d not in shape1.dims])
-
-
-def _require_a_tensor(x1, x2):
-  if not isinstance(x1, graph_lib.Tensor) and not isinstance(
-      x2, graph_lib.Tensor):
-    raise TypeError(f"At least one operand must be an mtf Tensor, got {x1!r} "
-                    f"and {x2!r}.")
-
-
-def binary_arguments_to_tensors(x1, x2):
-  """Converts a Python/NumPy scalar operand into a 0-d mtf Tensor."""
-  _require_a_tensor(x1, x2)
-  if not isinstance(x1, graph_lib.Tensor):
-    x1 = constants.constant(x2.mesh, x1, shape_lib.Shape([]), dtype=x2.dtype)
-  elif not isinstance(x2, graph_lib.Tensor):
-    x2 = constants.constant(x1.mesh, x2, shape_lib.Shape([]), dtype=x1.dtype)
-  if x1.dtype != x2.dtype:
-    raise errors.DTypeError(
-        f"Operands must have the same dtype, got {x1.dtype.name} "
-        f"({x1.name}) and {x2.dtype.name} ({x2.name}).")
-  return x1, x2
 
 
 def reduce_to_shape(dy, shape):
@@ -68,57 +25,7 @@ def reduce_to_shape(dy, shape):
   return reduce_lib.reduce_sum(dy, output_shape=shape)
 
 
-class BinaryOpWithBroadcasting(graph_lib.Operation):
-  """Applies `tf_fn` to two slices lined up by dimension name.
-
-  As in the original it has no gradient (comparisons, floordiv, mod, ...);
-  the subclasses below that have one override `gradient`.
-
-  Args:
-    tf_fn: fn(tf.Tensor, tf.Tensor) -> tf.Tensor, element-wise.
-    x1, x2: mtf Tensors of the same dtype.
-    output_shape: the output Shape (default: see `broadcast_shape`).
-    output_dtype: the output dtype (default: that of x1).
-    name: an optional name.
-  """
-
-  def __init__(self, tf_fn, x1, x2, output_shape=None, output_dtype=None,
-               name=None):
-    super().__init__([x1, x2], name=name or "binary_op")
-    if x1.dtype != x2.dtype:
-      raise errors.DTypeError(
-          f"{self.name}: operands must have the same dtype, got "
-          f"{x1.dtype.name} ({x1.name}) and {x2.dtype.name} ({x2.name}).")
-    self._tf_fn = tf_fn
-    shape = broadcast_shape(x1.shape, x2.shape, output_shape, self.name)
-    self._outputs = [graph_lib.Tensor(self, shape, output_dtype or x1.dtype)]
-
-  @property
-  def has_gradient(self):
-    return False
-
-  def gradient(self, unused_grad_ys):
-    return [None, None]
-
-  def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    x1, x2 = self._inputs
-    out_shape = self._outputs[0].shape
-    out_slice_shape = impl.slice_shape(out_shape)
-
-    def fn(a, b):
-      y = self._tf_fn(slice_utils.expand_to(a, x1.shape, out_shape),
-                      slice_utils.expand_to(b, x2.shape, out_shape))
-      if slice_utils.static_shape(y) != out_slice_shape:
-        y = tf.broadcast_to(y, out_slice_shape)
-      return y
-
-    lowering.set_tensor_lowering(
-        self._outputs[0],
-        impl.slicewise(fn, lowering.tensors[x1], lowering.tensors[x2]))
-
-
-class _BinaryOpWithGradFunction(BinaryOpWithBroadcasting):
+class _BinaryOpWithGradFunction(comparisons.BinaryOpWithBroadcasting):
   """A BinaryOpWithBroadcasting whose gradient is grad_function(op, dy)."""
 
   def __init__(self, tf_fn, x1, x2, grad_function, output_shape=None,
@@ -132,16 +39,7 @@ class _BinaryOpWithGradFunction(BinaryOpWithBroadcasting):
     return self._grad_function(self, grad_ys[0])
 
 
-def binary_op_with_broadcasting(tf_fn, x1, x2, output_shape=None,
-                                output_dtype=None):
-  """`tf_fn` of x1 and x2 (Tensors or scalars), broadcast by dimension name;
-  no gradient."""
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
-  return BinaryOpWithBroadcasting(tf_fn, x1, x2, output_shape=output_shape,
-                                  output_dtype=output_dtype).outputs[0]
-
-
-class AddOperation(BinaryOpWithBroadcasting):
+class AddOperation(comparisons.BinaryOpWithBroadcasting):
   """x1 + x2 (or x1 - x2 with `subtract`); keeps pending allreduces pending
   when it can."""
 
@@ -171,7 +69,7 @@ class AddOperation(BinaryOpWithBroadcasting):
       super().lower(lowering)
 
 
-class MinMaxOperation(BinaryOpWithBroadcasting):
+class MinMaxOperation(comparisons.BinaryOpWithBroadcasting):
   """minimum or maximum (`tf_fn`) with broadcasting.
 
   The gradient goes to the operand that was chosen, to x1 on ties (as
@@ -188,7 +86,8 @@ class MinMaxOperation(BinaryOpWithBroadcasting):
     dy = grad_ys[0]
     x1, x2 = self._inputs
     y = self._outputs[0]
-    first = elementwise.cast(equal(x1, y, output_shape=y.shape), dy.dtype)
+    first = elementwise.cast(
+        comparisons.equal(x1, y, output_shape=y.shape), dy.dtype)
     return [reduce_to_shape(dy * first, x1.shape),
             reduce_to_shape(dy - dy * first, x2.shape)]
 
@@ -245,37 +144,38 @@ def _is_scalar(x):
 
 def add(x1, x2, output_shape=None, name=None):
   """x1 + x2 with broadcasting."""
-  _require_a_tensor(x1, x2)
+  comparisons.require_a_tensor(x1, x2)
   if _is_scalar(x2) and output_shape is None:
     return ScalarAddOperation(x1, x2, name=name).outputs[0]
   if _is_scalar(x1) and output_shape is None:
     return ScalarAddOperation(x2, x1, name=name).outputs[0]
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
+  x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   return AddOperation(x1, x2, output_shape=output_shape, name=name).outputs[0]
 
 
 def sub(x1, x2, output_shape=None, name=None):
   """x1 - x2 with broadcasting."""
-  _require_a_tensor(x1, x2)
+  comparisons.require_a_tensor(x1, x2)
   if _is_scalar(x2) and output_shape is None:
     return ScalarAddOperation(x1, -x2, name=name or "sub").outputs[0]
   if _is_scalar(x1) and output_shape is None:
     return ScalarAddOperation(elementwise.negative(x2), x1,
                               name=name or "sub").outputs[0]
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
+  x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   return AddOperation(x1, x2, output_shape=output_shape, name=name,
                       subtract=True).outputs[0]
 
 
 def multiply(x1, x2, output_shape=None, name=None):
   """x1 * x2 with broadcasting (an einsum that reduces nothing)."""
-  _require_a_tensor(x1, x2)
+  comparisons.require_a_tensor(x1, x2)
   if _is_scalar(x2) and output_shape is None:
     return ScalarMultiplyOperation(x1, x2, name=name).outputs[0]
   if _is_scalar(x1) and output_shape is None:
     return ScalarMultiplyOperation(x2, x1, name=name).outputs[0]
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
-  output_shape = broadcast_shape(x1.shape, x2.shape, output_shape, "multiply")
+  x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
+  output_shape = comparisons.broadcast_shape(x1.shape, x2.shape,
+                                             output_shape, "multiply")
   return contractions.einsum([x1, x2], output_shape=output_shape,
                            name=name or "multiply")
 
@@ -289,11 +189,11 @@ def _divide_grad(op, dy):
 
 def divide(x1, x2, output_shape=None, name=None):
   """x1 / x2 with broadcasting."""
-  _require_a_tensor(x1, x2)
+  comparisons.require_a_tensor(x1, x2)
   if _is_scalar(x2) and output_shape is None and x1.dtype.is_floating:
     return ScalarMultiplyOperation(x1, 1.0 / x2,
                                    name=name or "divide").outputs[0]
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
+  x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   if not x1.dtype.is_floating:
     raise errors.DTypeError(
         f"divide needs floating-point operands, got {x1.dtype.name} "
@@ -305,39 +205,16 @@ def divide(x1, x2, output_shape=None, name=None):
 
 def minimum(x1, x2, output_shape=None, name=None):
   """Element-wise minimum with broadcasting."""
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
+  x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   return MinMaxOperation(tf.minimum, x1, x2, output_shape=output_shape,
                          name=name or "minimum").outputs[0]
 
 
 def maximum(x1, x2, output_shape=None, name=None):
   """Element-wise maximum with broadcasting."""
-  x1, x2 = binary_arguments_to_tensors(x1, x2)
+  x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   return MinMaxOperation(tf.maximum, x1, x2, output_shape=output_shape,
                          name=name or "maximum").outputs[0]
-
-
-def _no_grad_binary(tf_fn, default_name, output_dtype=None):
-  def op(x1, x2, output_shape=None, name=None):
-    x1, x2 = binary_arguments_to_tensors(x1, x2)
-    return BinaryOpWithBroadcasting(
-        tf_fn, x1, x2, output_shape=output_shape, output_dtype=output_dtype,
-        name=name or default_name).outputs[0]
-  op.__name__ = default_name
-  op.__doc__ = f"Element-wise {default_name} with broadcasting (no gradient)."
-  return op
-
-
-less = _no_grad_binary(tf.less, "less", tf.bool)
-greater = _no_grad_binary(tf.greater, "greater", tf.bool)
-less_equal = _no_grad_binary(tf.less_equal, "less_equal", tf.bool)
-greater_equal = _no_grad_binary(tf.greater_equal, "greater_equal", tf.bool)
-equal = _no_grad_binary(tf.equal, "equal", tf.bool)
-not_equal = _no_grad_binary(tf.not_equal, "not_equal", tf.bool)
-logical_and = _no_grad_binary(tf.logical_and, "logical_and", tf.bool)
-logical_or = _no_grad_binary(tf.logical_or, "logical_or", tf.bool)
-floordiv = _no_grad_binary(tf.math.floordiv, "floordiv")
-mod = _no_grad_binary(tf.math.floormod, "mod")
 
 
 class WhereOperation(graph_lib.Operation):
@@ -354,8 +231,9 @@ class WhereOperation(graph_lib.Operation):
       raise errors.DTypeError(
           f"where: if_true and if_false must have the same dtype, got "
           f"{if_true.dtype.name} and {if_false.dtype.name}.")
-    shape = broadcast_shape(
-        broadcast_shape(condition.shape, if_true.shape, context="where"),
+    shape = comparisons.broadcast_shape(
+        comparisons.broadcast_shape(condition.shape, if_true.shape,
+                                    context="where"),
         if_false.shape, output_shape, "where")
     self._outputs = [graph_lib.Tensor(self, shape, if_true.dtype)]
 
@@ -396,7 +274,7 @@ def where(condition, if_true, if_false, output_shape=None, name=None):
   if _is_scalar(if_true) and _is_scalar(if_false):
     raise TypeError("where: at least one of if_true and if_false must be an "
                     "mtf Tensor.")
-  if_true, if_false = binary_arguments_to_tensors(if_true, if_false)
+  if_true, if_false = comparisons.binary_arguments_to_tensors(if_true, if_false)
   return WhereOperation(condition, if_true, if_false,
                         output_shape=output_shape, name=name).outputs[0]
 
@@ -413,9 +291,9 @@ class AddNOperation(graph_lib.Operation):
           f"{', '.join(f'{x.dtype.name} ({x.name})' for x in xs)}.")
     shape = xs[0].shape
     for x in xs[1:]:
-      shape = broadcast_shape(shape, x.shape, context=self.name)
+      shape = comparisons.broadcast_shape(shape, x.shape, context=self.name)
     if output_shape is not None:
-      shape = broadcast_shape(shape, shape, output_shape, self.name)
+      shape = comparisons.broadcast_shape(shape, shape, output_shape, self.name)
     self._outputs = [graph_lib.Tensor(self, shape, xs[0].dtype)]
 
   def gradient(self, grad_ys):
@@ -476,9 +354,9 @@ def _pow_grad(op, dy):
   x, y = op.inputs
   z = op.outputs[0]
   out = z.shape
-  dz_dx = BinaryOpWithBroadcasting(lambda a, b: b * tf.pow(a, b - 1), x, y,
-                                   output_shape=out,
-                                   name=op.name + "_dx").outputs[0]
+  dz_dx = comparisons.BinaryOpWithBroadcasting(
+      lambda a, b: b * tf.pow(a, b - 1), x, y, output_shape=out,
+      name=op.name + "_dx").outputs[0]
 
   def log_term(a, c):
     positive = a > 0
@@ -486,8 +364,8 @@ def _pow_grad(op, dy):
                                                        tf.ones_like(a))),
                     tf.zeros_like(c))
 
-  dz_dy = BinaryOpWithBroadcasting(log_term, x, z, output_shape=out,
-                                   name=op.name + "_dy").outputs[0]
+  dz_dy = comparisons.BinaryOpWithBroadcasting(
+      log_term, x, z, output_shape=out, name=op.name + "_dy").outputs[0]
   return [reduce_to_shape(dy * dz_dx, x.shape),
           reduce_to_shape(dy * dz_dy, y.shape)]
 
@@ -516,7 +394,7 @@ def mtf_pow(x, y, output_shape=None, name=None):
     return slicewise_ops.cwise(lambda a: tf.pow(a, exponent), [x],
                                grad_function=grad_function,
                                name=name or "pow")
-  x, y = binary_arguments_to_tensors(x, y)
+  x, y = comparisons.binary_arguments_to_tensors(x, y)
   return _BinaryOpWithGradFunction(tf.pow, x, y, _pow_grad,
                                    output_shape=output_shape,
                                    name=name or "pow").outputs[0]

@@ -10,6 +10,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import elementwise
@@ -514,8 +515,8 @@ def serialize_training_step(features, model_fn, batch_dim, num_splits):
     return [i + 1] + results
 
   i0 = constants.constant(mesh, 0, shape_lib.Shape([]), dtype=tf.int32)
-  out = while_loop(lambda i, *unused: binary.less(i, num_splits), body, [i0],
-                   has_accumulators=True)
+  out = while_loop(lambda i, *unused: comparisons.less(i, num_splits), body,
+                   [i0], has_accumulators=True)
   num_outputs = len(probe["output_keys"])
   outputs = {}
   for k, y in zip(probe["output_keys"], out[1:1 + num_outputs]):

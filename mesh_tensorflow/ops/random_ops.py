@@ -26,6 +26,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import stateless_random
 from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import elementwise
 
 __all__ = [
@@ -231,7 +232,7 @@ def dropout(x, is_training=True, keep_prob=None, rate=None, noise_shape=None,
   name = name or "dropout"
   u = random_uniform(x.mesh, noise_shape, dtype=tf.float32, seed=seed,
                      name=f"{name}/uniform")
-  mask = elementwise.cast(binary.less(u, float(keep_prob)), x.dtype)
+  mask = elementwise.cast(comparisons.less(u, float(keep_prob)), x.dtype)
   if x.dtype.is_floating:
     mask = binary.multiply(mask, 1.0 / keep_prob)
   return binary.multiply(x, mask, output_shape=x.shape, name=name)

@@ -1,4 +1,7 @@
-"""Reductions over named dimensions (softmax is in `softmax`).
+"""Reductions over named dimensions, and broadcast, their adjoint.
+
+A sum's gradient is a broadcast and a broadcast's a sum, so the two live
+together. Softmax and log-sum-exp are in `softmax`.
 
 Each processor reduces its slice; if a reduced dimension is split over mesh
 dimensions, the partial results are combined across them: sums lazily (see
@@ -12,9 +15,9 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
-from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import comparisons
+from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import elementwise
-from mesh_tensorflow.ops import reshapes
 from mesh_tensorflow.ops import slicewise_ops
 
 _LOCAL_REDUCE = {
@@ -57,14 +60,16 @@ class ReduceOperation(graph_lib.Operation):
     dy = grad_ys[0]
     x = self._inputs[0]
     if self._reduction_fn_string == "SUM":
-      return [reshapes.broadcast(dy, x.shape)]
+      return [broadcast(dy, x.shape)]
     if self._reduction_fn_string in ("MAX", "MIN"):
-      # Ties share the gradient equally, as in TensorFlow.
+      # Ties share the gradient equally, as in TensorFlow. The product is
+      # mtf.multiply's own einsum (`binary` builds on this module).
       y = self._outputs[0]
-      hit = elementwise.cast(binary.equal(x, y, output_shape=x.shape),
+      hit = elementwise.cast(comparisons.equal(x, y, output_shape=x.shape),
                              dy.dtype)
       count = reduce_sum(hit, output_shape=y.shape)
-      return [binary.multiply(hit, dy / count, output_shape=x.shape)]
+      return [contractions.einsum([hit, dy / count], output_shape=x.shape,
+                                  name="multiply")]
     return [None]
 
   def lower(self, lowering):
@@ -99,7 +104,9 @@ class ReduceOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 
-def _reduction_output_shape(x, output_shape, reduced_dim):
+def reduction_output_shape(x, output_shape, reduced_dim):
+  """The shape a reduction of `x` leaves: `output_shape` if given, else x's
+  shape less `reduced_dim` (a Dimension or list), else a scalar."""
   if output_shape is not None and reduced_dim is not None:
     raise ValueError("Give output_shape or reduced_dim, not both.")
   if output_shape is not None:
@@ -129,7 +136,7 @@ def _reject_positional(fn_name, disable_positional_args):
 
 
 def _reduce(x, output_shape, reduced_dim, fn_string, name):
-  output_shape = _reduction_output_shape(x, output_shape, reduced_dim)
+  output_shape = reduction_output_shape(x, output_shape, reduced_dim)
   if output_shape == x.shape:
     return x
   return ReduceOperation(x, output_shape, fn_string, name=name).outputs[0]
@@ -165,7 +172,7 @@ def reduce_mean(x, disable_positional_args=None, output_shape=None,
     raise errors.DTypeError(
         f"{name or 'reduce_mean'}: cannot average {x.name} of dtype "
         f"{x.dtype.name}; cast it to a number type first.")
-  output_shape = _reduction_output_shape(x, output_shape, reduced_dim)
+  output_shape = reduction_output_shape(x, output_shape, reduced_dim)
   total = reduce_sum(x, output_shape=output_shape, name=name)
   count = x.shape.size // max(1, output_shape.size)
   if count == 1:
@@ -205,20 +212,34 @@ def reduce_any(x, disable_positional_args=None, output_shape=None,
   return _reduce(x, output_shape, reduced_dim, "ANY", name)
 
 
-def reduce_logsumexp(x, reduced_dim, extra_logit=None, name=None):
-  """log(sum(exp(x))) over `reduced_dim`, computed stably.
+class BroadcastOperation(graph_lib.Operation):
+  """Broadcasts `x` to `output_shape`, which holds all of x's dimensions
+  (in any order)."""
 
-  `extra_logit` (a scalar or a Tensor of the reduced shape) adds one more
-  logit to the sum, as if an extra entry of that value were present.
-  """
-  reduced_shape = _reduction_output_shape(x, None, reduced_dim)
-  max_logit = reduce_max(elementwise.stop_gradient(x),
-                         output_shape=reduced_shape)
-  if extra_logit is not None:
-    max_logit = binary.maximum(max_logit, extra_logit)
-  exp_x = elementwise.exp(binary.sub(x, max_logit, output_shape=x.shape))
-  sum_exp = reduce_sum(exp_x, output_shape=reduced_shape)
-  if extra_logit is not None:
-    sum_exp += elementwise.exp(binary.sub(extra_logit, max_logit))
-  return binary.add(elementwise.log(sum_exp), max_logit,
-                    name=name or "reduce_logsumexp")
+  def __init__(self, x, output_shape, name=None):
+    super().__init__([x], name=name or "broadcast")
+    output_shape = shape_lib.convert_to_shape(output_shape)
+    missing = [d for d in x.shape if d not in output_shape.dims]
+    if missing:
+      raise errors.ShapeError(
+          f"Cannot broadcast {x.name} {x.shape} to {output_shape}: {missing} "
+          "are missing from the output shape.")
+    self._outputs = [graph_lib.Tensor(self, output_shape, x.dtype)]
+
+  def gradient(self, grad_ys):
+    return [reduce_sum(grad_ys[0], output_shape=self._inputs[0].shape)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    x = self._inputs[0]
+    lowering.set_tensor_lowering(
+        self._outputs[0],
+        impl.broadcast_impl(lowering.laid_out_tensor(x), x.shape,
+                            self._outputs[0].shape))
+
+
+def broadcast(x, new_shape, name=None):
+  new_shape = shape_lib.convert_to_shape(new_shape)
+  if new_shape == x.shape:
+    return x
+  return BroadcastOperation(x, new_shape, name=name).outputs[0]

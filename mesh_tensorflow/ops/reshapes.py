@@ -1,4 +1,4 @@
-"""Reshape, renaming and broadcasting.
+"""Reshape and renaming (broadcast, the adjoint of a sum, is in `reduce`).
 
 A reshape keeps the elements in row-major order and changes the dimensions.
 Because layouts are chosen by dimension name, a reshape (including a rename)
@@ -18,7 +18,6 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow.ops import reduce as reduce_lib
 
 
 class ReshapeOperation(graph_lib.Operation):
@@ -173,40 +172,6 @@ def replace_dimensions(tensor_or_shape, old_dim_or_dims, new_dim_or_dims):
   dims = shape.dims
   return shape_lib.Shape(dims[:positions[0]] + new_dims +
                          dims[positions[-1] + 1:])
-
-
-class BroadcastOperation(graph_lib.Operation):
-  """Broadcasts `x` to `output_shape`, which holds all of x's dimensions
-  (in any order)."""
-
-  def __init__(self, x, output_shape, name=None):
-    super().__init__([x], name=name or "broadcast")
-    output_shape = shape_lib.convert_to_shape(output_shape)
-    missing = [d for d in x.shape if d not in output_shape.dims]
-    if missing:
-      raise errors.ShapeError(
-          f"Cannot broadcast {x.name} {x.shape} to {output_shape}: {missing} "
-          "are missing from the output shape.")
-    self._outputs = [graph_lib.Tensor(self, output_shape, x.dtype)]
-
-  def gradient(self, grad_ys):
-    return [reduce_lib.reduce_sum(grad_ys[0],
-                                  output_shape=self._inputs[0].shape)]
-
-  def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    x = self._inputs[0]
-    lowering.set_tensor_lowering(
-        self._outputs[0],
-        impl.broadcast_impl(lowering.laid_out_tensor(x), x.shape,
-                            self._outputs[0].shape))
-
-
-def broadcast(x, new_shape, name=None):
-  new_shape = shape_lib.convert_to_shape(new_shape)
-  if new_shape == x.shape:
-    return x
-  return BroadcastOperation(x, new_shape, name=name).outputs[0]
 
 
 def combined_dimension(dims, name=None):

@@ -19,6 +19,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import reduce as reduce_lib
 from mesh_tensorflow.ops import reshapes
@@ -180,6 +181,6 @@ def reduce_first(tensor, reduced_dim):
   """
   reduced_dim = shape_lib.dimension_of(tensor.shape, reduced_dim, "reduce_first")
   position = constants.mtf_range(tensor.mesh, reduced_dim, tf.int32)
-  is_first = binary.equal(position, 0)
+  is_first = comparisons.equal(position, 0)
   masked = binary.where(is_first, tensor, 0, output_shape=tensor.shape)
   return reduce_lib.reduce_sum(masked, reduced_dim=reduced_dim)

@@ -24,7 +24,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
-from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import elementwise
@@ -201,8 +201,9 @@ def dynamic_shift(x, offset, dim, wrap, name=None):
   source_pos = constants.mtf_range(x.mesh, source_dim, offset.dtype)
   moved_pos = source_pos + offset
   if wrap:
-    moved_pos = binary.mod(moved_pos, dim.size)
-  permutation = elementwise.cast(binary.equal(target_pos, moved_pos), x.dtype)
+    moved_pos = comparisons.mod(moved_pos, dim.size)
+  permutation = elementwise.cast(comparisons.equal(target_pos, moved_pos),
+                                 x.dtype)
   return contractions.einsum([source, permutation], output_shape=x.shape)
 
 

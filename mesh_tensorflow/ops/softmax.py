@@ -1,4 +1,4 @@
-"""Softmax and log-softmax over a named dimension.
+"""Softmax, log-softmax and log-sum-exp over a named dimension.
 
 `softmax` is one operation rather than exp(log_softmax(x)) (eight passes over
 the tensor forward and as many back): each processor runs TensorFlow's fused
@@ -117,7 +117,7 @@ class SoftmaxGradOperation(graph_lib.Operation):
 
 def log_softmax(x, reduced_dim, extra_logit=None, name=None):
   """x - logsumexp(x) over `reduced_dim` (see reduce_logsumexp)."""
-  return binary.sub(x, reduce_lib.reduce_logsumexp(x, reduced_dim, extra_logit),
+  return binary.sub(x, reduce_logsumexp(x, reduced_dim, extra_logit),
                     output_shape=x.shape, name=name or "log_softmax")
 
 
@@ -132,3 +132,22 @@ def softmax(x, reduced_dim, extra_logit=None, name=None):
     return elementwise.exp(log_softmax(x, reduced_dim, extra_logit),
                            name=name or "softmax")
   return SoftmaxOperation(x, reduced_dim, name=name).outputs[0]
+
+
+def reduce_logsumexp(x, reduced_dim, extra_logit=None, name=None):
+  """log(sum(exp(x))) over `reduced_dim`, computed stably.
+
+  `extra_logit` (a scalar or a Tensor of the reduced shape) adds one more
+  logit to the sum, as if an extra entry of that value were present.
+  """
+  reduced_shape = reduce_lib.reduction_output_shape(x, None, reduced_dim)
+  max_logit = reduce_lib.reduce_max(elementwise.stop_gradient(x),
+                                    output_shape=reduced_shape)
+  if extra_logit is not None:
+    max_logit = binary.maximum(max_logit, extra_logit)
+  exp_x = elementwise.exp(binary.sub(x, max_logit, output_shape=x.shape))
+  sum_exp = reduce_lib.reduce_sum(exp_x, output_shape=reduced_shape)
+  if extra_logit is not None:
+    sum_exp += elementwise.exp(binary.sub(extra_logit, max_logit))
+  return binary.add(elementwise.log(sum_exp), max_logit,
+                    name=name or "reduce_logsumexp")

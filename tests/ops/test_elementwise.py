@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import elementwise
 from tests import mtf_testing
 
@@ -140,7 +141,7 @@ def test_conversions(mesh_shape, layout, mode):
   x = _x(-3.0, 3.0)
   mtf_testing.check_op(
       lambda mesh, t: {
-          "not": elementwise.logical_not(binary.greater(t["x"], 0.0)),
+          "not": elementwise.logical_not(comparisons.greater(t["x"], 0.0)),
           "float": elementwise.to_float(elementwise.to_int32(t["x"])),
           "int32": elementwise.to_int32(t["x"]),
           "bf16": elementwise.to_float(elementwise.to_bfloat16(t["x"])),
