@@ -75,6 +75,8 @@ def attention(q,
   orig_q_shape = q.shape
   q, k, v, bias = maybe_reshape_attention_input_for_2d_sharding(
       context, q, k, v, bias, [key_dim, value_dim])
+  # q's order, with a re-split dimension as its two parts in its place.
+  split_q_shape = q.shape
   if float32_logits:
     q = mtf.cast(q, tf.float32)
     k = mtf.cast(k, tf.float32)
@@ -94,6 +96,9 @@ def attention(q,
   weights = _dropout(weights, dropout_rate, dropout_broadcast_dims)
   outputs = mtf.einsum([weights, v],
                        _outputs_shape(weights, q.shape - key_dim + value_dim))
+  # Back to q's order first: only then do the two parts of a re-split
+  # dimension sit side by side, where a reshape merges them.
+  outputs = _to_shape(outputs, split_q_shape - key_dim + value_dim)
   return _to_shape(outputs, orig_q_shape - key_dim + value_dim)
 
 

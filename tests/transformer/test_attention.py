@@ -329,6 +329,38 @@ def test_maybe_reshape_for_2d_sharding_splits_over_the_unused_mesh_dim():
       ATTENTION_INPUTS, "rows:2;cols:4", context.model.layout, "function")
 
 
+def test_2d_sharding_re_split_keeps_the_answer_with_length_before_heads():
+  """q, k and v as SelfAttention makes them ([batch, length, heads, d_kv]),
+  whose order differs from the logits': the re-split batch must be merged
+  back after the outputs are put in q's order (a reshape alone scrambled
+  length and heads when d_model was split)."""
+  context = _LayoutContext()
+  inputs = {
+      "q": (ATTENTION_INPUTS["q"][0].transpose(0, 2, 1, 3),
+            ["batch", "length", "heads", "d_kv"]),
+      "k": (ATTENTION_INPUTS["k"][0].transpose(0, 2, 1, 3),
+            ["batch", "memory_length", "heads", "d_kv"]),
+      "v": (ATTENTION_INPUTS["v"][0].transpose(0, 2, 1, 3),
+            ["batch", "memory_length", "heads", "d_v"]),
+      "bias": ATTENTION_INPUTS["bias"],
+  }
+
+  def build(mesh, t):
+    del mesh
+    dims = {d.name: d for x in t.values() for d in x.shape.dims}
+    return {"o": attention.attention(
+        t["q"], t["k"], t["v"], dims["memory_length"], dims["d_kv"],
+        dims["d_v"], bias=t["bias"], context=context)}
+
+  def reference(q, k, v, bias):
+    o = _np_attention(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
+                      v.transpose(0, 2, 1, 3), bias)
+    return {"o": o.transpose(0, 2, 1, 3)}
+
+  mtf_testing.check_op(build, reference, inputs, "rows:2;cols:4",
+                       context.model.layout, "function")
+
+
 def test_visibility_mask_to_attention_bias():
   def build(mesh, t):
     del mesh
