@@ -207,3 +207,39 @@ def test_default_data_mesh_dims_are_those_of_batch_dimensions():
       "a", "b"]
   assert dps.default_data_mesh_dims("m:8", "d_ff:m") == []
 
+
+
+def _gathers_of_sharded_mlp(recompute):
+  """allconcat calls over "b" of a 2-layer MLP with sharded parameters,
+  each layer's weights created inside its (maybe recomputed) block."""
+  batch = mtf.Dimension("batch", 8)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  mtf.shard_data_parallel(mesh, "b:4", "batch:b", shard_parameters=True)
+  x = mtf.ones(mesh, [batch, D_MODEL])
+
+  def block(h, name):
+    w = mtf.get_variable(mesh, name, [D_MODEL, D_FF])
+    h = mtf.tanh(mtf.einsum([h, w], [batch, D_FF]))
+    return mtf.reduce_sum(h, output_shape=[batch]) * mtf.ones(
+        mesh, [batch, D_MODEL])
+
+  h = x
+  for name in ("w0", "w1"):
+    if recompute:
+      h = mtf.recompute_grad(lambda t, n=name: block(t, n), [h])
+    else:
+      h = block(h, name)
+  loss = mtf.reduce_sum(h)
+  variables = graph.trainable_variables
+  mtf.gradients([loss], [v.outputs[0] for v in variables])
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("b:4", "batch:b")
+  counters = dict(mtf.Lowering(graph, {mesh: impl}).counters)
+  return counters.get("comm/allconcat/b/calls", 0)
+
+
+def test_recompute_blocks_gather_sharded_parameters_again():
+  # Each weight is gathered for the forward pass; a recomputed block
+  # gathers it again in the backward pass instead of keeping it.
+  assert _gathers_of_sharded_mlp(recompute=False) == 2
+  assert _gathers_of_sharded_mlp(recompute=True) == 4
