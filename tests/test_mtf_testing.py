@@ -46,7 +46,10 @@ def test_unknown_objects_are_not_memoized_but_still_work():
     value = 4.0
 
   scale = Scale()
-  fn = lambda x: {"y": np.sin(x) * scale.value}  # pylint: disable=g-long-lambda
+
+  def fn(x):
+    return {"y": np.sin(x) * scale.value}
+
   np.testing.assert_allclose(_grad(fn), COT["y"] * np.cos(X) * 4.0,
                              rtol=1e-6)
   scale.value = 1.0  # Mutable state: a memo would return the old result.
