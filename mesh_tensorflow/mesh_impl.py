@@ -3,7 +3,7 @@
 A mesh implementation knows the mesh shape and the layout rules, so it can say
 which slice of each tensor every processor holds. `MeshImpl` itself answers
 such layout questions; backends (PlacementMeshImpl, SimdMeshImpl) provide a
-short list of members (slicewise computation, four collectives, the
+short list of members (slicewise computation, five collectives, the
 processor number, import/export, random numbers, laid-out variables) and
 everything else here is derived from them. The lowered values of mtf tensors
 (LaidOutTensor and the lazy kinds) and the laid-out variable protocol live
@@ -258,7 +258,8 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
   `slice_shape`, `slice_begin`, `laid_out_size`, `processor_groups`, ...
   Lowering needs a backend (PlacementMeshImpl, SimdMeshImpl), which provides
   the members that raise NotImplementedError here: `slicewise`, the
-  collectives `allreduce`, `allconcat`, `alltoall`, `receive`,
+  collectives `allreduce`, `allconcat`, `alltoall`, `reduce_scatter`,
+  `receive`,
   `laid_out_pnum`, `import_tf_tensor`, `export_to_tf_tensor`, `random`,
   `devices` and `LaidOutVariable` (or `make_laid_out_variable`). Everything
   else is derived from them.
@@ -421,14 +422,42 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     if self._counter_fn is not None:
       self._counter_fn(key, value)
 
-  def _count_collective(self, kind, mesh_axes, x):
-    """Counts one collective call and the bytes its inputs hold on all
-    processors together (the same whichever implementation lowers it)."""
+  def _count_collective(self, kind, mesh_axes, x, source_pcoord=None):
+    """Counts one collective call, the bytes its inputs hold on all
+    processors together and its wire bytes (the same whichever
+    implementation lowers it).
+
+    Wire bytes are what a bandwidth-optimal algorithm sends, summed over
+    all processors, for groups of n members each holding s input bytes:
+    allreduce 2(n-1)/n s per member, reduce_scatter and alltoall
+    (n-1)/n s, allconcat (n-1) s, receive s per member receiving
+    another member's slice (by `source_pcoord`, receive's argument).
+    Every figure is an exact integer: there are size/n groups, so
+    size (n-1)/n s is (size/n) (n-1) s. Hence a reduce_scatter plus the
+    allconcat of its result has the wire bytes of the allreduce it
+    replaces.
+    """
     axes = "_".join(self._shape[a].name for a in mesh_axes) or "none"
     first = x.tensor_list[0]
-    nbytes = first.dtype.size * first.shape.num_elements() * self.size
+    slice_bytes = first.dtype.size * first.shape.num_elements()
+    n = shape_lib.list_product(self._shape[a].size for a in mesh_axes)
+    num_groups = self.size // n
+    receivers = sum(1 for i, source in enumerate(source_pcoord or ())
+                    if source is not None and source != i)
+    per_group = {
+        "allreduce": 2 * (n - 1) * slice_bytes,
+        "reduce_scatter": (n - 1) * slice_bytes,
+        "alltoall": (n - 1) * slice_bytes,
+        "allconcat": n * (n - 1) * slice_bytes,
+        "receive": receivers * slice_bytes,
+    }
+    if kind not in per_group:
+      raise ValueError(f"_count_collective: unknown collective {kind!r}; "
+                       f"expected one of {sorted(per_group)}.")
     self._count(f"comm/{kind}/{axes}/calls", 1)
-    self._count(f"comm/{kind}/{axes}/bytes", nbytes)
+    self._count(f"comm/{kind}/{axes}/bytes", slice_bytes * self.size)
+    self._count(f"comm/{kind}/{axes}/wire_bytes",
+                num_groups * per_group[kind])
 
   # ------------------------------------------------------ backend members
 
@@ -459,6 +488,15 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     pieces on `split_axis` and gives piece k to member k, which
     concatenates what it receives on `concat_axis` in coordinate order."""
     raise self._not_implemented("alltoall")
+
+  def reduce_scatter(self, x, mesh_axis, split_axis,
+                     reduction_fn_string="SUM"):
+    """Within groups along `mesh_axis`: reduces ("SUM", "MAX", "MIN") the
+    members' slices elementwise and gives member k (in coordinate order)
+    the k-th of group-size equal pieces of the result along tensor axis
+    `split_axis`. allreduce followed by allsplit, moving half the bytes.
+    A size-1 mesh axis returns `x`."""
+    raise self._not_implemented("reduce_scatter")
 
   def receive(self, x, mesh_axis, source_pcoord):
     """Member i of each group along `mesh_axis` gets the slice of member
