@@ -2,10 +2,10 @@
 
 `mtf.placement_mesh_impl.allreduce_ring` (and `_single_shard`),
 `allconcat_ring`, `alltoall_ring`, `alltoall_pointtwise` and
-`reduce_scatter_ring` (ours) take one tensor
-per group member and the member's device; member i's result must be on
-devices[i]. Groups of 1, 2, 3, 5 and 8 members (odd sizes take the other
-branches of the chain and ring arithmetic).
+`reduce_scatter_ring` (ours) take one tensor per group member and the
+member's device; member i's result must be on devices[i]. Groups of 1, 2,
+3, 5 and 8 members (odd sizes take the other branches of the chain and
+ring arithmetic).
 """
 
 import numpy as np
