@@ -3,7 +3,7 @@
 A mesh implementation knows the mesh shape and the layout rules, so it can say
 which slice of each tensor every processor holds. `MeshImpl` itself answers
 such layout questions; backends (PlacementMeshImpl, SimdMeshImpl) provide a
-short list of members (slicewise computation, five collectives, the
+short list of members (slicewise computation, four collectives, the
 processor number, import/export, random numbers, laid-out variables) and
 everything else here is derived from them. The lowered values of mtf tensors
 (LaidOutTensor and the lazy kinds) and the laid-out variable protocol live
@@ -258,11 +258,12 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
   `slice_shape`, `slice_begin`, `laid_out_size`, `processor_groups`, ...
   Lowering needs a backend (PlacementMeshImpl, SimdMeshImpl), which provides
   the members that raise NotImplementedError here: `slicewise`, the
-  collectives `allreduce`, `allconcat`, `alltoall`, `reduce_scatter`,
-  `receive`,
+  collectives `allreduce`, `allconcat`, `alltoall`, `receive`,
   `laid_out_pnum`, `import_tf_tensor`, `export_to_tf_tensor`, `random`,
   `devices` and `LaidOutVariable` (or `make_laid_out_variable`). Everything
-  else is derived from them.
+  else is derived from them; backends also override derived members where
+  they can do better (`reduce_scatter`, the weight-update-sharding
+  collective, is allreduce + allsplit here).
 
   A mesh implementation owns the TF variables of the mtf variables lowered
   onto it (its `variable_store`), and is trackable:
@@ -489,15 +490,6 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     concatenates what it receives on `concat_axis` in coordinate order."""
     raise self._not_implemented("alltoall")
 
-  def reduce_scatter(self, x, mesh_axis, split_axis,
-                     reduction_fn_string="SUM"):
-    """Within groups along `mesh_axis`: reduces ("SUM", "MAX", "MIN") the
-    members' slices elementwise and gives member k (in coordinate order)
-    the k-th of group-size equal pieces of the result along tensor axis
-    `split_axis`. allreduce followed by allsplit, moving half the bytes.
-    A size-1 mesh axis returns `x`."""
-    raise self._not_implemented("reduce_scatter")
-
   def receive(self, x, mesh_axis, source_pcoord):
     """Member i of each group along `mesh_axis` gets the slice of member
     `source_pcoord[i]`, or zeros where that is None."""
@@ -669,6 +661,23 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
       return tf.slice(x, begin, size)
 
     return self.slicewise(my_piece, x, which)
+
+  def reduce_scatter(self, x, mesh_axis, split_axis,
+                     reduction_fn_string="SUM"):
+    """Within groups along `mesh_axis`: reduces ("SUM", "MAX", "MIN") the
+    members' slices elementwise and gives member k (in coordinate order)
+    the k-th of group-size equal pieces of the result along tensor axis
+    `split_axis`: allreduce followed by allsplit, with half the wire
+    bytes. A size-1 mesh axis returns `x`.
+
+    This default is exactly that allreduce and allsplit (so a backend
+    with only the other collectives still lowers everything); backends
+    override it with a real reduce-scatter.
+    """
+    if self._shape[mesh_axis].size == 1:
+      return x.to_laid_out_tensor()
+    return self.allsplit(self.allreduce(x, [mesh_axis], reduction_fn_string),
+                         mesh_axis, split_axis)
 
   def shift_by_n_processors(self, x, mesh_axis, offset, wrap):
     """Member i of each group along `mesh_axis` gets member i-offset's

@@ -556,3 +556,23 @@ def test_pretty_print_counters_totals_keep_bytes_and_wire_bytes_apart():
       "compute/EinsumOperation/output_elements": 1000})
   assert "  comm/total_bytes: 110" in lines
   assert "  comm/total_wire_bytes: 245" in lines
+
+
+def test_default_reduce_scatter_is_allreduce_then_allsplit():
+  """A backend with only the original four collectives still lowers
+  reduce_scatter (MeshImpl's default), with the same values."""
+  impl = placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "")
+  table = tf.constant(VALUES)
+  x = impl.slicewise(lambda p: tf.gather(table, p), impl.laid_out_pnum())
+  counters = {}
+  impl.set_counter_fn(counters.__setitem__)
+  default = mtf.mesh_impl.MeshImpl.reduce_scatter(impl, x, 1, 1, "MAX")
+  assert set(counters) == {"comm/allreduce/cols/calls",
+                           "comm/allreduce/cols/bytes",
+                           "comm/allreduce/cols/wire_bytes"}
+  own = impl.reduce_scatter(x, 1, 1, "MAX")
+  for pnum in range(8):
+    np.testing.assert_array_equal(default.tensor_list[pnum].numpy(),
+                                  own.tensor_list[pnum].numpy())
+  assert mtf.mesh_impl.MeshImpl.reduce_scatter(
+      placement_mesh_impl.PlacementMeshImpl("a:1;b:8", ""), x, 0, 0) is x
