@@ -51,6 +51,7 @@ class Lowering:
     self._random_steps = {}
     self._check_meshes_and_layouts()
     self._stack_groups = {}
+    self._num_consumers = _count_consumers(graph.operations)
     if autostack or graph.stacking_limits is not None:
       self.autostack()
     with self._counting():
@@ -73,6 +74,13 @@ class Lowering:
     for t in op.outputs:
       if t not in self.tensors:
         continue
+      if (isinstance(self.tensors[t], mesh_impl_lib.LazyAllreduceSum) and
+          self._num_consumers.get(t, 0) > 1):
+        # A pending sum read by several operations is reduced once, here:
+        # left pending, a linear consumer (x * 2) would carry its own copy
+        # of the partial sums to its own allreduce, besides the one
+        # another consumer needs.
+        self.tensors[t] = self.tensors[t].to_laid_out_tensor()
       kind = type(op).__name__
       self.add_counter(f"compute/{kind}/ops", 1)
       self.add_counter(f"compute/{kind}/output_elements",
@@ -295,6 +303,15 @@ def pretty_print_counters(counters):
   lines.append(f"  comm/total_bytes: {totals['bytes']}")
   lines.append(f"  comm/total_wire_bytes: {totals['wire_bytes']}")
   return lines
+
+
+def _count_consumers(operations):
+  """{mtf Tensor: how many operations (internal ones included) read it}."""
+  counts = collections.Counter()
+  for op in _with_internal_operations(operations):
+    for t in set(op.inputs):
+      counts[t] += 1
+  return counts
 
 
 def _with_internal_operations(operations):
