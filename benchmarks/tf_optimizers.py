@@ -17,7 +17,7 @@ which the caller advances afterwards, as mtf's optimizers expect.
 
 # Defaults of mtf.optimize, restated for the baselines.
 SGD_LR = 0.01
-ADAM = dict(learning_rate=0.001, weight_decay_rate=0.01, beta_1=0.9,
+ADAM = dict(learning_rate=1e-4, weight_decay_rate=0.01, beta_1=0.9,
             beta_2=0.999, epsilon=1e-6)
 ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR = 128
 ADAFACTOR_EPSILON1 = 1e-30
