@@ -9,12 +9,15 @@ implementation, and run the resulting TensorFlow ops.
 from mesh_tensorflow import autograph_rules
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import cluster
+from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.data_parallel_sharding import DataParallelSharding
+from mesh_tensorflow.data_parallel_sharding import shard_data_parallel
 from mesh_tensorflow.errors import DTypeError
 from mesh_tensorflow.errors import IndivisibleError
 from mesh_tensorflow.errors import LayoutError
@@ -54,6 +57,7 @@ from mesh_tensorflow.shape import is_subsequence
 from mesh_tensorflow.shape import LayoutRules
 from mesh_tensorflow.shape import list_product
 from mesh_tensorflow.shape import Shape
+from mesh_tensorflow.shape import shard_dimension_name
 from mesh_tensorflow.shape import tensor_dim_to_mesh_dim_size
 from mesh_tensorflow.shape import tensor_dim_to_size_per_split
 from mesh_tensorflow.shape import TensorLayout

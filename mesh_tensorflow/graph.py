@@ -293,10 +293,28 @@ class Mesh:
     self._graph = graph
     self._name = name
     self._variable_placer = variable_placer
+    self._data_parallel_sharding = None
 
   @property
   def graph(self):
     return self._graph
+
+  @property
+  def data_parallel_sharding(self):
+    """The DataParallelSharding of this mesh's variables, or None (see
+    `mtf.shard_data_parallel`)."""
+    return self._data_parallel_sharding
+
+  @data_parallel_sharding.setter
+  def data_parallel_sharding(self, sharding):
+    if sharding is not None and sharding.shard_parameters:
+      existing = [v.name for v in self._graph.all_variables
+                  if v.mesh is self][:3]
+      if existing:
+        raise ValueError(
+            f"Mesh {self._name!r}: sharded parameters must be asked for "
+            f"before variables are created; {existing} exist already.")
+    self._data_parallel_sharding = sharding
 
   @property
   def name(self):

@@ -103,6 +103,9 @@ class Lowering:
             "mesh implementation in this Lowering (pass "
             "{mesh: mesh_impl} for every mesh).")
       impl = self.mesh_to_impl[op.mesh]
+      sharding = op.mesh.data_parallel_sharding
+      if sharding is not None:
+        sharding.check_mesh(impl.shape, op.mesh.name)
       for t in op.outputs:
         try:
           impl.slice_shape(t.shape)

@@ -4,7 +4,11 @@ An optimizer turns gradients into mtf `Assign` operations. Every update is an
 mtf operation and every slot (optimizer state) is an mtf variable named after
 its parameter with the parameter's dimensions (or a subset of them), so the
 layout rules shard optimizer state exactly like the parameter and the update
-runs on each processor's slice without extra communication.
+runs on each processor's slice without extra communication. With
+`mtf.shard_data_parallel`, a variable replicated over the data-parallel mesh
+dimensions is updated in its update shape instead: on a 1/N shard, with
+slots stored as shards (see data_parallel_sharding); `apply_grad` then gets
+the gradient in that shape and a VariableView of the variable.
 
 The global step. As in the original, optimizers read TensorFlow's global
 step (`tf.compat.v1.train.get_or_create_global_step()`, see
@@ -23,6 +27,7 @@ from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import configurable as configurable_lib
+from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow import graph as graph_lib
@@ -55,11 +60,38 @@ def _as_variable(var):
 
 
 def _slot(var, suffix, dtype=tf.float32, shape=None):
-  """The zero-initialised, non-trainable slot "<var name><suffix>"."""
+  """The zero-initialised, non-trainable slot "<var name><suffix>".
+
+  Its value has `shape` (default: the variable's). With sharded weight
+  updates the slot is stored split over the data-parallel mesh dimensions
+  even where `shape` is not (a factored slot without the variable's shard
+  dimension); the value is then a renamed read that `mtf.assign` accepts.
+  """
+  shape = var.shape if shape is None else shape
+  name = var.name + suffix
+  storage_shape = shape
+  sharding = data_parallel_sharding.sharding_of(var.mesh)
+  if sharding is not None and sharding.shard_weight_update:
+    storage_shape = sharding.plan_variable(name, shape)
   with _root_variable_scope():
-    return mtf.get_variable(
-        var.mesh, var.name + suffix, var.shape if shape is None else shape,
-        dtype=dtype, initializer=tf.zeros_initializer(), trainable=False)
+    value = mtf.get_variable(
+        var.mesh, name, storage_shape, dtype=dtype,
+        initializer=tf.zeros_initializer(), trainable=False)
+  return mtf.reshape(value, shape)
+
+
+def _in_update_shape(grad, var):
+  """(grad, var) as the optimizer updates them: with sharded weight
+  updates, renamed to the variable's update shape (the gradient's pending
+  sum becomes a reduce-scatter, see data_parallel_sharding) and `var` a
+  VariableView whose assignments gather the new value."""
+  sharding = data_parallel_sharding.sharding_of(var.mesh)
+  if sharding is None or not sharding.shard_weight_update:
+    return grad, var
+  update_shape = sharding.plan_variable(var.name, var.shape)
+  if update_shape == var.shape:
+    return grad, var
+  return mtf.reshape(grad, update_shape), mtf.VariableView(var, update_shape)
 
 
 def _step_as_float(mesh):
@@ -117,7 +149,7 @@ class Optimizer:
         raise errors.ShapeError(
             f"Gradient {grad.name} {grad.shape} does not match variable "
             f"{var.name!r} of shape {var.shape}.")
-      ops.extend(self.apply_grad(grad, var))
+      ops.extend(self.apply_grad(*_in_update_shape(grad, var)))
     learning_rate = self._summary_learning_rate()
     if ops and learning_rate is not None:
       # For TensorBoard (the estimator writes every mtf.scalar_summary).
@@ -318,7 +350,9 @@ class AdafactorOptimizer(Optimizer):
     """
     if not self._factored:
       return None
-    dims = [d for d in shape.dims if d.name not in self._stacked_dim_names]
+    dims = [d for d in shape.dims
+            if shape_lib.split_shard_dimension_name(d.name)[0]
+            not in self._stacked_dim_names]
     if len(dims) < 2:
       return None
     # A stable sort: ties keep the shape's order, as in the original.

@@ -479,11 +479,20 @@ class LayoutRules(_Immutable):
     return sorted({m for _, m in self._pairs})
 
   def mesh_dimension_for(self, tensor_dim_name):
-    """The mesh dimension name a tensor dimension name maps to, or None."""
+    """The mesh dimension name a tensor dimension name maps to, or None.
+
+    A rule naming the tensor dimension wins. Failing that, a name of the
+    form "<name>@<mesh dimension>" (a shard dimension, see
+    `shard_dimension_name`) says its own mesh dimension: that is how
+    weight-update and parameter sharding (`mtf.shard_data_parallel`) split
+    a variable's dimension over the data-parallel mesh dimension without
+    new rules.
+    """
     for t, m in self._pairs:
       if t == tensor_dim_name:
         return m
-    return None
+    _, mesh_dim = split_shard_dimension_name(tensor_dim_name)
+    return mesh_dim
 
   def tensor_dimension_to_mesh_axis(self, tensor_dimension, mesh_shape):
     """The index in `mesh_shape` that `tensor_dimension` is split over.
@@ -529,6 +538,24 @@ class LayoutRules(_Immutable):
 
   def mesh_dimension_name_to_tensor_dimension_names(self, mesh_dimension_name):
     return [t for t, m in self._pairs if m == mesh_dimension_name]
+
+
+SHARD_MARK = "@"
+
+
+def shard_dimension_name(base_name, mesh_dim_name):
+  """The name of tensor dimension `base_name` split over `mesh_dim_name`
+  whatever the layout rules say: "d_ff@batch"."""
+  return f"{base_name}{SHARD_MARK}{mesh_dim_name}"
+
+
+def split_shard_dimension_name(name):
+  """(base name, mesh dimension name or None): "d_ff@batch" gives
+  ("d_ff", "batch"); a plain name gives (name, None)."""
+  base, mark, mesh_dim = name.rpartition(SHARD_MARK)
+  if not mark or not base or not mesh_dim:
+    return name, None
+  return base, mesh_dim
 
 
 def convert_to_layout_rules(x):

@@ -118,6 +118,7 @@ from mesh_tensorflow.ops.variables import get_variable
 from mesh_tensorflow.ops.variables import read_variable
 from mesh_tensorflow.ops.variables import ReadVariable
 from mesh_tensorflow.ops.variables import Variable
+from mesh_tensorflow.ops.variables import VariableView
 
 # Families whose modules list their public names in __all__.
 # pylint: disable=wildcard-import

@@ -7,10 +7,12 @@ the graph is lowered. `assign` and friends update the slices in place.
 
 import tensorflow as tf
 
+from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import variable_store
+from mesh_tensorflow.ops import reshapes
 
 
 _HOST = "/cpu:0"
@@ -193,17 +195,25 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
                                    activation_dtype)
   existing = graph.name_to_variable.get(full_name)
   if existing is not None:
-    if existing.shape != shape:
+    if data_parallel_sharding.base_shape(existing.shape) != (
+        data_parallel_sharding.base_shape(shape)):
       raise errors.ShapeError(
           f"Variable {full_name!r} exists with shape {existing.shape}; it "
           f"cannot be reused with shape {shape}.")
-    return existing.outputs[0]
+    return reshapes.reshape(existing.outputs[0], shape)
   if initializer is None:
     # Chosen now, as the original did: a program that replaces TF's
     # initializer while it builds its graph gets its replacement.
     initializer = variable_store.default_initializer(full_name)
-  return Variable(mesh, full_name, shape, variable_dtype, initializer,
-                  trainable, **kwargs).outputs[0]
+  storage_shape = shape
+  sharding = data_parallel_sharding.sharding_of(mesh)
+  if sharding is not None and sharding.shard_parameters:
+    # Stored split over the data-parallel mesh dimensions; gathered where
+    # it is used (see data_parallel_sharding).
+    storage_shape = sharding.plan_variable(full_name, shape)
+  value = Variable(mesh, full_name, storage_shape, variable_dtype,
+                   initializer, trainable, **kwargs).outputs[0]
+  return reshapes.reshape(value, shape)
 
 
 class ReadVariable(graph_lib.Operation):
@@ -328,6 +338,47 @@ class Assign(graph_lib.Operation):
     lowering.operations[self] = _group(ops)
 
 
+class VariableView:
+  """A Variable seen with its dimensions renamed (same sizes, same order).
+
+  Its `value` is the variable's value renamed to `shape` (which may lay it
+  out differently: a shard dimension splits it), and assigning to the view
+  assigns the variable the new value renamed back. Optimizers update a
+  variable through its view in the update shape when weight updates are
+  sharded (see data_parallel_sharding).
+  """
+
+  def __init__(self, variable, shape):
+    shape = shape_lib.convert_to_shape(shape)
+    if shape.to_integer_list != variable.shape.to_integer_list:
+      raise errors.ShapeError(
+          f"VariableView of {variable.name!r} {variable.shape}: {shape} does "
+          "not have the same dimension sizes in the same order.")
+    self.variable = variable
+    self.shape = shape
+    self.value = reshapes.reshape(variable.outputs[0], shape)
+
+  def __getattr__(self, name):
+    # name, mesh, dtypes, ...: those of the variable.
+    return getattr(self.variable, name)
+
+
+def _assign_target(var, context):
+  """(Variable, function giving a new value the variable's shape)."""
+  if isinstance(var, VariableView):
+    variable = var.variable
+    return variable, lambda x: reshapes.reshape(x, variable.shape)
+  if (isinstance(var, graph_lib.Tensor) and
+      isinstance(var.operation, reshapes.ReshapeOperation)):
+    source = var.operation.inputs[0]
+    if (isinstance(source.operation, (Variable, ReadVariable)) and
+        source.shape.to_integer_list == var.shape.to_integer_list):
+      # A renamed read (e.g. mtf.get_variable of a sharded parameter).
+      variable = _as_variable(source, context)
+      return variable, lambda x: reshapes.reshape(x, variable.shape)
+  return _as_variable(var, context), lambda x: x
+
+
 def _as_variable(var, context):
   """The Variable behind `var`: a Variable, its value, or a read of it.
 
@@ -355,15 +406,17 @@ def assign(var, new_val, assign_fn=assign_slice, name=None):
   """Assigns `new_val` to variable `var`; returns the Assign operation.
 
   Args:
-    var: a Variable, its value (what mtf.get_variable returned) or the
-      output of mtf.read_variable of it.
+    var: a Variable, its value (what mtf.get_variable returned), the
+      output of mtf.read_variable of it, or a VariableView (or renamed
+      read) of it, whose new value is renamed back.
     new_val: a Tensor of the variable's shape.
     assign_fn: fn(variable, slice_var, value) -> TF op, applied to every
       processor's slice (assign_slice, assign_add_slice, ...).
     name: an optional name.
   """
-  var = _as_variable(var, name or "assign")
-  return Assign([var], [new_val], assign_fn=assign_fn, name=name)
+  var, to_variable_shape = _assign_target(var, name or "assign")
+  return Assign([var], [to_variable_shape(new_val)], assign_fn=assign_fn,
+                name=name)
 
 
 def assign_add(var, new_val, name=None):
