@@ -180,6 +180,7 @@ def run_mtf(tf, mtf, case, weights, x, y, args, optimizer_name,
   for i in range(args.layers):
     shapes[f"w1_{i}"] = mtf.Shape([io, hidden])
     shapes[f"w2_{i}"] = mtf.Shape([hidden, io])
+  stored_shapes = {}
   step_var = tf.Variable(0, dtype=tf.int64, trainable=False,
                          name="mtf_global_step")
   optimizer = tf_optimizers.mtf_optimizer(mtf, optimizer_name, args.lr)
@@ -206,7 +207,8 @@ def run_mtf(tf, mtf, case, weights, x, y, args, optimizer_name,
       grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
       updates = optimizer.apply_grads(grads, variables)
       for v in graph.all_variables:
-        shapes.setdefault(v.name, v.shape)
+        # As stored: a sharded parameter's shape names its shard dimension.
+        stored_shapes[v.name] = v.shape
       lowering = mtf.Lowering(graph, {mesh: mesh_impl})
       ops = [lowering.lowered_operation(u) for u in updates]
       if counters is not None:
@@ -224,11 +226,11 @@ def run_mtf(tf, mtf, case, weights, x, y, args, optimizer_name,
     """Every variable and slot, whole, by mtf name (None if unreadable)."""
     out = {}
     for name, entry in mesh_impl.variable_store.eager_entries().items():
-      if name not in shapes or not hasattr(entry, "slices"):
+      if name not in stored_shapes or not hasattr(entry, "slices"):
         continue
       try:
         full = mesh_impl.combine_slices(
-            [v.value() for v in entry.slices], shapes[name],
+            [v.value() for v in entry.slices], stored_shapes[name],
             device="/CPU:0")
         out[name] = full.numpy()
       except Exception as e:  # pylint: disable=broad-except
