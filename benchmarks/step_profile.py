@@ -27,6 +27,7 @@ up to the CPU work of each kind (with TF's default threads, kernels that
 run side by side on 2 cores each count their whole, stretched, duration).
 
   python benchmarks/step_profile.py [--optimizers sgd,adafactor] [--steps 5]
+      [--timing_steps 20 --intra_op_threads 0 --inter_op_threads 0]
 """
 
 import argparse
@@ -69,6 +70,11 @@ def parse_args(argv):
                  "default)")
   p.add_argument("--inter_op_threads", type=int, default=1,
                  help="TF inter-op threads (default 1; 0: TF's default)")
+  p.add_argument("--timing_steps", type=int, default=0,
+                 help="also time this many steps of every implementation, "
+                 "taking turns, without the profiler (one JSON line each: "
+                 "median wall and CPU ms, ratios to tf)")
+  p.add_argument("--no_profile", action="store_true")
   p.add_argument("--top", type=int, default=12,
                  help="op types listed per implementation")
   return p.parse_args(argv)
@@ -233,9 +239,33 @@ def main(argv=None):
         continue
       fns[f"mtf_{case}"] = mlp_stack.run_mtf(
           tf, mtf, case, weights, x, y, stack_args, optimizer_name)[0]
-    for name, fn in fns.items():
-      emit(name, optimizer_name, profile(tf, fn, args.steps), args.top,
-           args.steps)
+    if args.timing_steps:
+      emit_timing(fns, optimizer_name, args.timing_steps)
+    if not args.no_profile:
+      for name, fn in fns.items():
+        emit(name, optimizer_name, profile(tf, fn, args.steps), args.top,
+             args.steps)
+
+
+def emit_timing(fns, optimizer_name, steps):
+  """Median wall and CPU ms of each implementation, taking turns."""
+  for fn in fns.values():
+    fn()
+  results = bench_util.interleaved_times(fns, steps, warmup=2)
+  wall = {n: bench_util.median(r["times_ms"]) for n, r in results.items()}
+  cpu = {n: bench_util.median(r["cpu_ms"]) for n, r in results.items()}
+  r = bench_util.rounded
+  for name, result in results.items():
+    record = {"benchmark": "step_profile", "timing": name,
+              "optimizer": optimizer_name, "steps": steps,
+              "wall_ms_median": r(wall[name], 1),
+              "cpu_ms_median": r(cpu[name], 1)}
+    if "tf" in results:
+      record["wall_ratio_to_tf_paired"] = r(bench_util.paired_ratio(
+          result["times_ms"], results["tf"]["times_ms"]))
+      record["cpu_ratio_to_tf_paired"] = r(bench_util.paired_ratio(
+          result["cpu_ms"], results["tf"]["cpu_ms"]))
+    bench_util.emit(record)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,16 @@ the mesh. A variable none of whose dimensions N divides stays whole (at
 N = 512 the 32128 x 768 embedding does: neither size is a multiple of 512).
 Activations are not counted (they depend on batch and length, not on this).
 
+Sharding needs some whole copies for a moment: at least the unreduced
+local gradient of a variable before its reduce-scatter, and with sharded
+parameters also its gathered value. `transient` counts these for the
+largest sharded variable only (a lower bound: how many are alive at once
+depends on the schedule), `peak` = total + transient.
+
 It also prints, for each regime, N, optimizer and number of layers, the
 largest d_model (a multiple of --d_model_step, with d_ff = 4 d_model and
-heads of 64) whose parameters + slots + gradients fit --budget_gib per
-processor. One JSON line per configuration, then the same as Markdown
+heads of 64) whose peak (parameters + slots + gradients + transient) fits
+--budget_gib per processor. One JSON line per configuration, then the same as Markdown
 tables (unless --no_table).
 
   python benchmarks/zero_memory.py [--budget_gib 16] [--layers 12,24,48]
@@ -163,15 +169,29 @@ def variable_bytes(shape_key, n, regime, optimizer):
   return params * four, slots * four, grads * four
 
 
+# Whole float32 copies of one variable that sharding still needs for a
+# moment, per regime: the unreduced local gradient before its
+# reduce-scatter; with sharded parameters also the gathered weight.
+TRANSIENT_COPIES = {"plain": 0, "update": 1, "parameters": 2}
+
+
 def model_bytes(variables, n, regime, optimizer):
-  """Per-processor bytes {"parameters", "slots", "gradients", "total"}."""
+  """Per-processor bytes {"parameters", "slots", "gradients", "total",
+  "transient", "peak"}: at rest, then the least a step needs on top
+  (TRANSIENT_COPIES of the largest variable sharding splits), then both."""
   totals = [0, 0, 0]
+  largest = 0
   for _, shape in variables:
     key = tuple((d.name, d.size) for d in shape.dims)
-    for i, b in enumerate(variable_bytes(key, n, regime, optimizer)):
+    per_variable = variable_bytes(key, n, regime, optimizer)
+    for i, b in enumerate(per_variable):
       totals[i] += b
+    if per_variable[2] < 4 * shape.size:  # Its gradient is sharded.
+      largest = max(largest, 4 * shape.size)
+  transient = TRANSIENT_COPIES[regime] * largest
   return {"parameters": totals[0], "slots": totals[1],
-          "gradients": totals[2], "total": sum(totals)}
+          "gradients": totals[2], "total": sum(totals),
+          "transient": transient, "peak": sum(totals) + transient}
 
 
 def gib(x):
@@ -187,7 +207,7 @@ def largest_d_model(tf, mtf, args, num_layers, n, regime, optimizer,
 
   def fits(k):
     variables = variables_of(k * step, num_layers)
-    return model_bytes(variables, n, regime, optimizer)["total"] <= budget
+    return model_bytes(variables, n, regime, optimizer)["peak"] <= budget
 
   if not fits(1):
     return None
@@ -266,21 +286,24 @@ def main(argv=None):
 
 def print_tables(rows, search, args):
   print()
-  print(f"Per-processor GiB (parameters + slots + gradients = total), "
+  print(f"Per-processor GiB (parameters + slots + gradients = total; "
+        "transient: whole copies of the largest sharded variable a step "
+        "needs at least; peak = total + transient), "
         f"{args.num_layers}+{args.num_layers} layers, d_model "
         f"{args.d_model}, {rows[0]['parameters']:,} parameters:")
   print()
   print("| optimizer | N | sharding | parameters | slots | gradients "
-        "| total |")
-  print("|---|---|---|---|---|---|---|")
+        "| total | transient | peak |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['optimizer']} | {r['processors']} | {r['sharding']} | "
           f"{r['parameters_gib']} | {r['slots_gib']} | "
-          f"{r['gradients_gib']} | {r['total_gib']} |")
+          f"{r['gradients_gib']} | {r['total_gib']} | "
+          f"{r['transient_gib']} | {r['peak_gib']} |")
   if search:
     print()
     print(f"Largest d_model (multiple of {args.d_model_step}, d_ff = 4 "
-          f"d_model) fitting {args.budget_gib} GiB per processor "
+          f"d_model) whose peak fits {args.budget_gib} GiB per processor "
           "(parameters in billions):")
     print()
     regimes = " | ".join(REGIMES)
