@@ -35,8 +35,8 @@ depends on the schedule), `peak` = total + transient.
 It also prints, for each regime, N, optimizer and number of layers, the
 largest d_model (a multiple of --d_model_step, with d_ff = 4 d_model and
 heads of 64) whose peak (parameters + slots + gradients + transient) fits
---budget_gib per processor. One JSON line per configuration, then the same as Markdown
-tables (unless --no_table).
+--budget_gib per processor. One JSON line per configuration on stdout, and the same as
+Markdown tables on stderr (unless --no_table).
 
   python benchmarks/zero_memory.py [--budget_gib 16] [--layers 12,24,48]
 """
@@ -285,6 +285,8 @@ def main(argv=None):
 
 
 def print_tables(rows, search, args):
+  """Markdown tables on stderr (stdout keeps only the JSON lines)."""
+  print = bench_util.log  # pylint: disable=redefined-builtin
   print()
   print(f"Per-processor GiB (parameters + slots + gradients = total; "
         "transient: whole copies of the largest sharded variable a step "
