@@ -16,8 +16,12 @@ and `executor`: the time TF's executors spend around the kernels
 Implementations: `tf` (plain TF, one device), `split8` (plain_split8),
 `split8_devices` (the 8 slices each on its own logical CPU, gradients summed
 on CPU:0, one update: plain TF's emulation of batch:all without replicated
-weights), `split8_replicated` (the same, plus each of the 8 devices keeping
-and updating its own copy of every weight and slot, as batch:all does) and
+weights), `split8_copies` (the same, the update computed once and its
+results written to 8 copies of every weight and slot, one per device: what
+batch:all does on PlacementMeshImpl, whose shared replicas compute the
+update once but keep a variable per processor), `split8_replicated` (each
+of the 8 devices computing the whole update on its own copy: naive data
+parallelism) and
 `mtf_<case>` (this project; `--cases`, default batch). One JSON line per
 implementation and optimizer: per-step ms of each category, kernel count per
 step, and the wall and process CPU time of the profiled steps (profiling
@@ -54,7 +58,8 @@ CATEGORIES = {
     "variable": ("AssignSubVariableOp", "AssignVariableOp",
                  "AssignAddVariableOp", "ReadVariableOp", "ResourceGather"),
 }
-IMPLEMENTATIONS = ("tf", "split8", "split8_devices", "split8_replicated")
+IMPLEMENTATIONS = ("tf", "split8", "split8_devices", "split8_copies",
+                   "split8_replicated")
 
 
 def parse_args(argv):
@@ -75,6 +80,9 @@ def parse_args(argv):
                  "taking turns, without the profiler (one JSON line each: "
                  "median wall and CPU ms, ratios to tf)")
   p.add_argument("--no_profile", action="store_true")
+  p.add_argument("--matmuls", action="store_true",
+                 help="only time one layer's three matmuls (forward, input "
+                 "and weight gradient) whole and as 8 slices")
   p.add_argument("--top", type=int, default=12,
                  help="op types listed per implementation")
   return p.parse_args(argv)
@@ -140,9 +148,11 @@ def profile(tf, fn, steps):
   return by_type, count, process_ms, wall, cpu
 
 
-def split8_on_devices(tf, weights, x, y, args, optimizer_name, replicated):
+def split8_on_devices(tf, weights, x, y, args, optimizer_name, replicated,
+                      copies_only=False):
   """plain_split8 with slice i on /CPU:i; the sum and the update on CPU:0,
-  or (replicated) the summed gradient updating 8 copies, one per device."""
+  or (replicated) the summed gradient updating 8 copies, one per device;
+  with copies_only, copy 0 is updated and the others assigned its values."""
   devices = [f"/CPU:{i}" for i in range(mlp_stack.SPLITS)]
   names = mlp_stack.var_names(args.layers)
   copies = []
@@ -173,10 +183,20 @@ def split8_on_devices(tf, weights, x, y, args, optimizer_name, replicated):
     with tf.device("/CPU:0"):
       loss = tf.add_n(losses)
       grads = [tf.add_n(list(gs)) for gs in zip(*per_slice)]
-    for device, _, step_var, optimizer in copies:
+    for device, _, step_var, optimizer in copies[:1 if copies_only else None]:
       with tf.device(device):
         optimizer.apply(grads, step_var.read_value())
         step_var.assign_add(1)
+    if copies_only:
+      first = copies[0][1] + [copies[0][3].slots[k]
+                              for k in sorted(copies[0][3].slots)]
+      values = [v.read_value() for v in first]
+      for device, variables, _, optimizer in copies[1:]:
+        targets = variables + [optimizer.slots[k]
+                               for k in sorted(optimizer.slots)]
+        with tf.device(device):
+          for target, value in zip(targets, values):
+            target.assign(value)
     return loss
 
   return lambda: step(tx, ty)
@@ -207,6 +227,43 @@ def emit(name, optimizer_name, result, top, steps):
   })
 
 
+def time_matmuls(tf, args, steps=40):
+  """CPU ms of w1's forward, input- and weight-gradient matmuls, for the
+  whole batch and as 8 slices (the weight gradient's partial results
+  summed): the cost of decomposing the batch, kernel by kernel."""
+  stack = mlp_stack.parse_args([])
+  x = tf.random.normal([stack.batch, stack.io])
+  w = tf.random.normal([stack.io, stack.hidden])
+  dh = tf.random.normal([stack.batch, stack.hidden])
+  xs, dhs = tf.split(x, mlp_stack.SPLITS), tf.split(dh, mlp_stack.SPLITS)
+  fns = {
+      "forward_1": lambda: [tf.matmul(x, w)],
+      "forward_8": lambda: [tf.matmul(a, w) for a in xs],
+      "input_grad_1": lambda: [tf.matmul(dh, w, transpose_b=True)],
+      "input_grad_8": lambda: [tf.matmul(a, w, transpose_b=True)
+                               for a in dhs],
+      "weight_grad_1": lambda: [tf.matmul(x, dh, transpose_a=True)],
+      "weight_grad_8": lambda: [tf.add_n([
+          tf.matmul(a, b, transpose_a=True) for a, b in zip(xs, dhs)])],
+  }
+  fns = {k: tf.function(f) for k, f in fns.items()}
+  timed = bench_util.interleaved_times(
+      {k: (lambda f=f: [t.numpy() for t in f()]) for k, f in fns.items()},
+      steps)
+  cpu = {k: bench_util.median(r["cpu_ms"]) for k, r in timed.items()}
+  r = bench_util.rounded
+  record = {"benchmark": "step_profile", "matmuls": "w1",
+            "batch": stack.batch, "io": stack.io, "hidden": stack.hidden,
+            "splits": mlp_stack.SPLITS, "steps": steps,
+            **{f"{k}_cpu_ms": r(v, 2) for k, v in cpu.items()}}
+  for kind in ("forward", "input_grad", "weight_grad"):
+    record[f"{kind}_8_vs_1"] = r(cpu[f"{kind}_8"] / cpu[f"{kind}_1"])
+  total = lambda n: sum(cpu[f"{k}_{n}"] for k in (
+      "forward", "input_grad", "weight_grad"))
+  record["all_8_vs_1"] = r(total(8) / total(1))
+  bench_util.emit(record)
+
+
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -215,6 +272,8 @@ def main(argv=None):
   if args.inter_op_threads:
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
   bench_util.configure_logical_cpus(mlp_stack.NUM_DEVICES)
+  if args.matmuls:
+    return time_matmuls(tf, args)
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   stack_args = mlp_stack.parse_args([])
   weights, x, y = mlp_stack.initial_values(stack_args)
@@ -228,11 +287,13 @@ def main(argv=None):
     if "split8" in implementations:
       fns["split8"] = mlp_stack.run_plain_tf(
           tf, weights, x, y, stack_args, optimizer_name, mlp_stack.SPLITS)[0]
-    for name, replicated in (("split8_devices", False),
-                             ("split8_replicated", True)):
+    for name, replicated, copies_only in (
+        ("split8_devices", False, False), ("split8_copies", True, True),
+        ("split8_replicated", True, False)):
       if name in implementations:
         fns[name] = split8_on_devices(tf, weights, x, y, stack_args,
-                                      optimizer_name, replicated)
+                                      optimizer_name, replicated,
+                                      copies_only)
     for case in cases:
       if mlp_stack.CASES[case][6] and not mlp_stack.sharding_available(mtf):
         bench_util.log(f"[{case}] needs mtf.shard_data_parallel; skipped")
