@@ -137,7 +137,9 @@ def tpu_estimator_model_fn(model_type,
                            ensemble_inputs=None,
                            mesh_devices=None,
                            model_info_file=None,
-                           hierarchical_tiling_spec=None):
+                           hierarchical_tiling_spec=None,
+                           shard_weight_update=False,
+                           shard_parameters=False):
   """The estimator model function of a Transformer model.
 
   Args:
@@ -174,6 +176,9 @@ def tpu_estimator_model_fn(model_type,
       operations of the training graph to it.
     hierarchical_tiling_spec: not supported (a TPU placement of the
       original); must be None.
+    shard_weight_update, shard_parameters: data-parallel sharding of the
+      weight updates and of the weights (see utils.run); applied in
+      training and evaluation on the run's mesh.
 
   Returns:
     model_fn(features, labels, mode, params, config) -> EstimatorSpec.
@@ -197,6 +202,11 @@ def tpu_estimator_model_fn(model_type,
     mesh_impl = params["mesh_impl"]
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "my_mesh")
+    if (mode in (ModeKeys.TRAIN, ModeKeys.EVAL) and
+        mesh_impl.shape == mesh_shape):
+      mtf.shard_data_parallel(mesh, mesh_shape, layout_rules,
+                              shard_weight_update=shard_weight_update,
+                              shard_parameters=shard_parameters)
     if outer_batch_size and mode not in (ModeKeys.PREDICT, SCORE):
       if batch_size % outer_batch_size:
         raise ValueError(f"outer_batch_size {outer_batch_size} does not "

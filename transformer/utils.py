@@ -146,7 +146,8 @@ def get_estimator(model_type, vocabulary, mesh_shape,
                   iterations_per_loop, cluster, init_checkpoint=None,
                   mesh_devices=None, score_in_predict_mode=False,
                   log_step_count_steps=100, save_summary_steps=100,
-                  init_variable_filter="", checkpoint_input_pipeline=False):
+                  init_variable_filter="", checkpoint_input_pipeline=False,
+                  shard_weight_update=False, shard_parameters=False):
   """An Estimator (a TPUEstimator when use_tpu) of the Transformer model.
 
   Args:
@@ -181,6 +182,7 @@ def get_estimator(model_type, vocabulary, mesh_shape,
     init_variable_filter: a regex: init_checkpoint loads only the variables
       whose names match (default all).
     checkpoint_input_pipeline: also checkpoint the training data's position.
+    shard_weight_update, shard_parameters: see `run`.
 
   Returns:
     a mesh_tensorflow.estimator.Estimator.
@@ -212,7 +214,9 @@ def get_estimator(model_type, vocabulary, mesh_shape,
       predict_fn=predict_fn,
       score_in_predict_mode=score_in_predict_mode,
       variable_filter=variable_filter,
-      ensemble_inputs=ensemble_inputs)
+      ensemble_inputs=ensemble_inputs,
+      shard_weight_update=shard_weight_update,
+      shard_parameters=shard_parameters)
   devices = None
   if mesh_devices and any(mesh_devices):
     devices = list(mesh_devices)
@@ -384,7 +388,9 @@ def run(tpu_job_name,
         checkpoint_input_pipeline=False,
         log_step_count_steps=100,
         save_summary_steps=100,
-        train_hooks=None):
+        train_hooks=None,
+        shard_weight_update=False,
+        shard_parameters=False):
   """Runs training, evaluation, inference, scoring or export (`mode`).
 
   Args:
@@ -434,6 +440,12 @@ def run(tpu_job_name,
     train_hooks: objects with after_loop(step, loss), called while
       training (e.g. progress.ProgressDisplay; their set_run(train_steps,
       tokens_per_step) is called first if they have one).
+    shard_weight_update: run each optimizer update on a 1/N shard of the
+      weight over the mesh dimensions the batch is split over, with the
+      optimizer's slots stored as shards (ZeRO-1/2; see
+      mtf.shard_data_parallel). Same numbers and checkpoints.
+    shard_parameters: also store the weights as shards, gathered where they
+      are used (ZeRO-3).
 
   Returns:
     what the mode returns (e.g. eval metrics, scores, the export path).
@@ -459,7 +471,9 @@ def run(tpu_job_name,
                       ("batch_size", batch_size),
                       ("train_steps", train_steps),
                       ("mesh_shape", mesh_shape.to_string),
-                      ("layout_rules", layout_rules)):
+                      ("layout_rules", layout_rules),
+                      ("shard_weight_update", shard_weight_update),
+                      ("shard_parameters", shard_parameters)):
     logging.info("%s=%s", name, value)
   if mode == "train" and dataset_split != "train":
     raise ValueError('mode "train" requires dataset_split "train", got '
@@ -499,7 +513,9 @@ def run(tpu_job_name,
                                      "score_from_dataset", "export_score"),
       log_step_count_steps=log_step_count_steps,
       save_summary_steps=save_summary_steps,
-      checkpoint_input_pipeline=checkpoint_input_pipeline)
+      checkpoint_input_pipeline=checkpoint_input_pipeline,
+      shard_weight_update=shard_weight_update,
+      shard_parameters=shard_parameters)
 
   if mode == "train":
     for hook in train_hooks or ():

@@ -21,10 +21,15 @@ TARGETS = np.tanh(INPUTS @ _RNG.randn(IO, IO).astype(np.float32))
 
 
 def model_fn(features, labels, mode, params):
-  """relu(x w1) w2, mean squared error, plain SGD."""
+  """relu(x w1) w2, mean squared error, plain SGD (data-parallel sharding
+  as params["sharding"] says)."""
   del mode
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
+  sharding = params.get("sharding", "none")
+  if sharding != "none":
+    mtf.shard_data_parallel(mesh, MESH_SHAPE, LAYOUT,
+                            shard_parameters=(sharding == "parameters"))
   batch = mtf.Dimension("batch", BATCH)
   io = mtf.Dimension("io", IO)
   hidden = mtf.Dimension("hidden", HIDDEN)
@@ -37,8 +42,8 @@ def model_fn(features, labels, mode, params):
   loss = mtf.reduce_mean(mtf.square(out - y))
   variables = graph.trainable_variables
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-  updates = [mtf.assign_sub(v, g * LEARNING_RATE)
-             for v, g in zip(variables, grads)]
+  updates = mtf.optimize.SgdOptimizer(LEARNING_RATE).apply_grads(
+      grads, variables)
   lowering = mtf.Lowering(graph, {mesh: params["mesh_impl"]})
   return estimator.EstimatorSpec(
       estimator.ModeKeys.TRAIN, loss=lowering.export_to_tf_tensor(loss),
@@ -64,13 +69,15 @@ class LossRecorder:
 
 
 def make_estimator(model_dir, devices=None, save_checkpoints_steps=5,
-                   mesh_impl="placement"):
+                   mesh_impl="placement", sharding="none"):
+  """The estimator; `sharding` is "none", "update" or "parameters"."""
   config = estimator.RunConfig(
       model_dir=str(model_dir), mesh_shape=MESH_SHAPE, layout=LAYOUT,
       mesh_impl=mesh_impl, devices=devices, tf_random_seed=1,
       save_checkpoints_steps=save_checkpoints_steps, keep_checkpoint_max=100,
       log_step_count_steps=1000, save_summary_steps=1000)
-  return estimator.Estimator(model_fn, config=config)
+  return estimator.Estimator(model_fn, config=config,
+                             params={"sharding": sharding})
 
 
 def train(est, max_steps, echo=False):

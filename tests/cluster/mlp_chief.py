@@ -1,9 +1,10 @@
 """The chief of a cluster test: trains the README's MLP across the cluster.
 
 Usage: python -m tests.cluster.mlp_chief WORKER_HOSTS MODEL_DIR MAX_STEPS
-           [MESH_IMPL]
+           [MESH_IMPL [SHARDING]]
 MESH_IMPL is "placement" (default: every task's devices, the chief's
-included) or "simd" (SimdMeshImpl on the serving tasks' devices). Prints
+included) or "simd" (SimdMeshImpl on the serving tasks' devices); SHARDING
+is "none" (default), "update" or "parameters" (data-parallel sharding). Prints
 "step N loss L" per step; exits 3 with the ClusterError's message on
 stderr when a task cannot be reached or fails, and 1 (the watchdog's exit)
 when a task stops answering.
@@ -19,7 +20,8 @@ from tests.cluster import mlp
 WATCHDOG = dict(interval=1.0, timeout=5.0, misses=3)
 
 
-def main(worker_hosts, model_dir, max_steps, mesh_impl="placement"):
+def main(worker_hosts, model_dir, max_steps, mesh_impl="placement",
+         sharding="none"):
   simd = mesh_impl == "simd"
   try:
     cluster = cluster_lib.connect(
@@ -27,7 +29,8 @@ def main(worker_hosts, model_dir, max_steps, mesh_impl="placement"):
         num_cpus=None if simd else cluster_testing.CPUS_PER_TASK,
         startup_timeout=cluster_testing.STARTUP_TIMEOUT)
     est = mlp.make_estimator(model_dir, mesh_impl=mesh_impl,
-                             devices=cluster.devices(8, include_chief=not simd))
+                             devices=cluster.devices(8, include_chief=not simd),
+                             sharding=sharding)
     with cluster.failures(**WATCHDOG):
       mlp.train(est, max_steps, echo=True)
   except cluster_lib.ClusterError as e:

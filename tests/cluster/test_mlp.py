@@ -1,6 +1,6 @@
 """The README's MLP trained across a 2-task cluster (4 CPUs each) matches
-one process on 8 logical CPUs, step by step, and checkpoints move both
-ways between the two. The serving task reads its cluster from TF_CONFIG."""
+one process on 8 logical CPUs, step by step (also with sharded
+parameters), and checkpoints move both ways between the two. The serving task reads its cluster from TF_CONFIG."""
 
 import shutil
 
@@ -39,6 +39,16 @@ def test_cluster_matches_one_process_and_checkpoints_move_both_ways(
     on_cluster = cluster_testing.losses(out)
     assert sorted(on_cluster) == list(range(1, STEPS + 1))
     np.testing.assert_allclose([on_cluster[s] for s in range(1, STEPS + 1)],
+                               [local[s] for s in range(1, STEPS + 1)],
+                               rtol=1e-5)
+    # Sharded parameters (and so sharded updates) across the cluster: the
+    # same losses.
+    rc, out, err = cluster.run_chief("tests.cluster.mlp_chief",
+                                     tmp_path / "sharded", STEPS,
+                                     "placement", "parameters")
+    assert rc == 0, err[-3000:]
+    sharded = cluster_testing.losses(out)
+    np.testing.assert_allclose([sharded[s] for s in range(1, STEPS + 1)],
                                [local[s] for s in range(1, STEPS + 1)],
                                rtol=1e-5)
     # The cluster resumes from the one-process checkpoint of step STEPS.

@@ -76,11 +76,17 @@ def model_fn(features, labels, mode, params):
 
   The embedding's master is bfloat16 (as the original's), q's float32 (so
   the stored bfloat16 is cast). params["impls"], if given, collects the
-  mesh implementations the estimator made.
+  mesh implementations the estimator made; params["sharding"] ("none",
+  "update" or "parameters") asks for data-parallel sharding.
   """
   params.get("impls", []).append(params["mesh_impl"])
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
+  if params.get("sharding", "none") != "none":
+    impl = params["mesh_impl"]
+    mtf.shard_data_parallel(
+        mesh, impl.shape, impl.layout_rules,
+        shard_parameters=(params["sharding"] == "parameters"))
   batch = mtf.Dimension("batch", BATCH)
   length = mtf.Dimension("length", LENGTH)
   vocab = mtf.Dimension("vocab", VOCAB)

@@ -26,7 +26,7 @@ MESHES = {"one": ("all:1", "", "placement"),
 STEPS = 2
 
 
-def make(model_dir, mesh="one", **config_kwargs):
+def make(model_dir, mesh="one", sharding="none", **config_kwargs):
   """(Estimator of the original-format model, list of its mesh impls)."""
   mesh_shape, layout, mesh_impl = MESHES[mesh]
   config = estimator.RunConfig(model_dir=str(model_dir),
@@ -35,7 +35,8 @@ def make(model_dir, mesh="one", **config_kwargs):
                                save_checkpoints_steps=100, **config_kwargs)
   impls = []
   return estimator.Estimator(orig.model_fn, config=config,
-                             params={"impls": impls}), impls
+                             params={"impls": impls,
+                                     "sharding": sharding}), impls
 
 
 def original(directory):
@@ -131,6 +132,39 @@ def test_2d_autostacked_run_matches_one_processor(tmp_path):
     runs[mesh] = values(est)
   for name, value in runs["one"].items():
     np.testing.assert_allclose(runs["2d"][name], value, rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("sharding", ["update", "parameters"])
+def test_sharded_training_resumes_from_the_original_checkpoint(tmp_path,
+                                                              sharding):
+  """Sharded weight updates or parameters load the original's checkpoint
+  (whole slots, bfloat16 masters) and train exactly as without them; the
+  checkpoint they write has the same names and shapes."""
+  runs, slice_shapes = {}, {}
+  for name in ("none", sharding):
+    model_dir = tmp_path / name
+    original(model_dir)
+    est, impls = make(model_dir, "2d", sharding=name)
+    est.train(orig.input_fn, steps=STEPS)
+    assert est.get_variable_value("global_step") == orig.STEP + STEPS
+    runs[name] = values(est)
+    slice_shapes[name] = {
+        k: tuple(v.slice_shape)
+        for k, v in impls[-1].variable_store.eager_entries().items()}
+  # q [d_model=8, d_kv=4 over m] is updated on d_model shards over b (2):
+  # its slots are stored in halves, and with sharded parameters q too.
+  for name in (orig.Q + "_slot_vc", "encoder/final_layer_norm/scale_slot_v",
+               "shared/embedding_slot_vr"):
+    assert slice_shapes["none"][name] == (8,), name
+    assert slice_shapes[sharding][name] == (4,), name
+  assert slice_shapes["none"][orig.Q] == (8, 1)
+  assert slice_shapes[sharding][orig.Q] == (
+      (4, 1) if sharding == "parameters" else (8, 1))
+  assert set(runs[sharding]) == set(runs["none"])
+  for name, value in runs["none"].items():
+    assert runs[sharding][name].shape == value.shape, name
+    np.testing.assert_allclose(runs[sharding][name], value, rtol=1e-5,
                                atol=1e-6, err_msg=name)
 
 

@@ -1,0 +1,141 @@
+"""Training runs with and without data-parallel sharding, for comparison.
+
+`train_variables` runs a model for some optimizer steps under one mesh,
+layout, mode and sharding ("none", "update": sharded weight updates,
+"parameters": sharded parameters), and returns every variable's value
+(weights and optimizer slots) after the last step, plus the last Lowering's
+counters and the slice shape of every variable.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow import global_step
+from tests import mtf_testing
+
+SHARDINGS = ("none", "update", "parameters")
+
+
+def shard(mesh, mesh_shape, layout, sharding):
+  """Asks `mesh` for `sharding` (one of SHARDINGS)."""
+  if sharding != "none":
+    mtf.shard_data_parallel(mesh, mesh_shape, layout,
+                            shard_parameters=(sharding == "parameters"))
+
+
+def train_variables(make_loss, make_optimizers, mesh_shape, layout, mode,
+                    sharding, steps):
+  """Trains and returns (values, counters, slice_shapes).
+
+  Args:
+    make_loss: fn(mesh) -> scalar mtf loss (building the model).
+    make_optimizers: fn() -> list of (variable name prefix, optimizer): each
+      trainable variable is updated by the optimizer of the first prefix
+      its name starts with ("" matches all).
+    mesh_shape, layout: the mesh and layout rules.
+    mode: "eager", "function", "graph" (PlacementMeshImpl) or "simd".
+    sharding: one of SHARDINGS.
+    steps: the number of optimizer steps.
+
+  Returns:
+    values: dict from every variable's name to its value after `steps`.
+    counters: dict of the last Lowering's counters.
+    slice_shapes: dict from variable name to its slice shape.
+  """
+  impl = mtf_testing.make_impl(mode, mesh_shape, layout)
+  info = {}
+
+  def build():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    shard(mesh, mesh_shape, layout, sharding)
+    loss = make_loss(mesh)
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    updates = []
+    groups = {}
+    for var, grad in zip(variables, grads):
+      optimizer = _optimizer_for(var.name, make_optimizers_cache())
+      groups.setdefault(id(optimizer), (optimizer, [], []))
+      groups[id(optimizer)][1].append(grad)
+      groups[id(optimizer)][2].append(var)
+    for optimizer, group_grads, group_vars in groups.values():
+      updates += optimizer.apply_grads(group_grads, group_vars)
+    if mode == "graph":
+      reads = {v.name: v.outputs[0] for v in graph.all_variables}
+    else:
+      reads = {v.name: mtf.read_variable(v, dependencies=updates)
+               for v in graph.all_variables}
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    info["counters"] = dict(lowering.counters)
+    info["slice_shapes"] = {v.name: impl.slice_shape(v.shape)
+                            for v in graph.all_variables}
+    train_ops = [lowering.lowered_operation(u) for u in updates]
+    values = {k: lowering.export_to_tf_tensor(v) for k, v in reads.items()}
+    return lowering, train_ops, values
+
+  optimizers = []
+
+  def make_optimizers_cache():
+    if not optimizers:
+      optimizers.extend(make_optimizers())
+    return optimizers
+
+  if mode == "graph":
+    with tf.Graph().as_default():
+      step_var = tf.compat.v1.train.get_or_create_global_step()
+      lowering, train_ops, values = build()
+      with tf.control_dependencies(train_ops):
+        train_ops.append(tf.compat.v1.assign_add(step_var, 1))
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(lowering.copy_masters_to_slices())
+        for _ in range(steps):
+          sess.run(train_ops)
+        result = sess.run(values)
+    return result, info["counters"], info["slice_shapes"]
+
+  step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def run_step():
+    values = build()[2]
+    step_var.assign_add(1)
+    return values
+
+  if mode == "simd":
+    def program():
+      return build()[2]
+
+    def run_simd():
+      values = impl.run_each(program)[0]
+      step_var.assign_add(1)
+      return values
+    fn = tf.function(run_simd)
+  else:
+    fn = tf.function(run_step) if mode == "function" else run_step
+  with global_step.global_step_scope(step_var):
+    for _ in range(steps):
+      values = fn()
+  return ({k: np.asarray(v) for k, v in values.items()}, info["counters"],
+          info["slice_shapes"])
+
+
+def _optimizer_for(name, optimizers):
+  """The optimizer of the first prefix `name` starts with."""
+  matches = [opt for prefix, opt in optimizers if name.startswith(prefix)]
+  if not matches:
+    raise ValueError(f"No optimizer for variable {name}.")
+  return matches[0]
+
+
+def assert_same_values(got, want, what, rtol=1e-5):
+  """Every variable of `want` equals `got`'s (and no other exists), to
+  `rtol` of each element or of the variable's largest magnitude: training
+  sums gradients in another order, and Adam-like updates (g / sqrt(v))
+  magnify the round-off of near-zero gradient elements."""
+  assert sorted(got) == sorted(want), what
+  for name, value in want.items():
+    scale = float(np.max(np.abs(value))) if np.size(value) else 0.0
+    np.testing.assert_allclose(got[name], value, rtol=rtol,
+                               atol=rtol * scale, err_msg=f"{name}: {what}")
