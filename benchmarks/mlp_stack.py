@@ -1,23 +1,36 @@
-"""Benchmark: a stack of dense MLP blocks trained with SGD on 8 logical CPUs.
+"""Benchmark: a stack of dense MLP blocks trained on 8 logical CPUs.
 
 Model: `layers` blocks of  h = relu(x @ w1[io, hidden]);  x = h @ w2[hidden, io]
 on x[batch, io], loss = mean squared error against a target[batch, io], one
-step = forward + backward + SGD update of every weight, float32.
+step = forward + backward + optimizer update of every weight, float32.
 
-Cases (mesh, layout):
-  one     all:1    (no rules)          1-processor overhead
-  batch   all:8    batch:all           data parallel
-  hidden  all:8    hidden:all          model parallel
-  2d      b:2;m:4  batch:b;hidden:m    2-D parallel
+Cases (mesh, layout), each run with every optimizer of --optimizers: SGD,
+Adafactor (mtf.optimize's defaults) and AdamWeightDecay (lr 1e-4, weight
+decay 0.01):
+  one       all:1    (no rules)          1-processor overhead
+  batch     all:8    batch:all           data parallel
+  batch_shard_weight_update, batch_shard_parameters
+            all:8    batch:all           the same after
+                     mtf.shard_data_parallel (sharded updates; ZeRO-3)
+  hidden    all:8    hidden:all          model parallel
+  2d        b:2;m:4  batch:b;hidden:m    2-D parallel
+  plain_split8       plain TF only: the batch as 8 slices of batch/8, each
+                     differentiated apart on one device, gradients summed
+                     (no communication): the floor of decomposing the batch
 
 Each case runs, in one process and taking turns step by step, Mesh TensorFlow
 (PlacementMeshImpl), plain TensorFlow doing the same math on one device
-(/CPU:0), and tf.experimental.dtensor with the same layout, all from the same
-initial weights and data. It prints one JSON line per case with the median
-step times, their ratios to plain TF, the targets, and how far the mtf and
-DTensor losses drift from plain TF's (to show the same math is measured).
+(/CPU:0; benchmarks/tf_optimizers.py restates mtf's optimizers), plain_split8
+(in the batch cases) and tf.experimental.dtensor with the same layout, all
+from the same initial weights and data. It prints one JSON line per case and
+optimizer with the median step times, their ratios to plain TF (and to
+plain_split8), the targets, the collectives' calls and bytes of one step,
+and how far the mtf and DTensor losses, weights and slots drift from plain
+TF's (to show the same math is measured; Adafactor amplifies round-off, see
+docs/performance.md).
 
-  python benchmarks/mlp_stack.py [--cases batch,hidden] [--steps 20] ...
+  python benchmarks/mlp_stack.py [--cases batch,hidden] [--optimizers sgd]
+      [--steps 20] ...
 """
 
 import argparse
