@@ -1,6 +1,8 @@
 """Training runs with and without data-parallel sharding, for comparison.
 
-`train_variables` runs a model for some optimizer steps under one mesh,
+`mlp_loss` is an MLP stack with one copy per optimizer of
+`make_optimizers` (every kind and option of mtf.optimize), MESHES the
+8-processor meshes it is checked on. `train_variables` runs a model for some optimizer steps under one mesh,
 layout, mode and sharding ("none", "update": sharded weight updates,
 "parameters": sharded parameters), and returns every variable's value
 (weights and optimizer slots) after the last step, plus the last Lowering's
@@ -8,6 +10,7 @@ counters and the slice shape of every variable.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
@@ -15,6 +18,65 @@ from mesh_tensorflow import global_step
 from tests import mtf_testing
 
 SHARDINGS = ("none", "update", "parameters")
+BATCH = mtf.Dimension("batch", 16)
+D_IN = mtf.Dimension("d_in", 8)
+D_FF = mtf.Dimension("d_ff", 32)
+D_OUT = mtf.Dimension("d_out", 16)
+# Odd-sized: no data-parallel mesh dimension divides it (kept whole).
+GAIN = mtf.Dimension("gain", 3)
+
+_RNG = np.random.RandomState(0)
+X = _RNG.randn(BATCH.size, D_IN.size).astype(np.float32)
+Y = _RNG.randn(BATCH.size, D_OUT.size).astype(np.float32)
+
+MESHES = [
+    pytest.param("b:8", "batch:b", id="batch8"),
+    pytest.param("b:2;m:4", "batch:b;d_ff:m", id="b2m4"),
+    pytest.param("b:4;m:2", "batch:b;d_ff:m", id="b4m2"),
+]
+
+
+def make_optimizers():
+  """One optimizer per copy of the MLP, covering every kind and option."""
+  opt = mtf.optimize
+  return [
+      ("sgd/", opt.SgdOptimizer(0.1)),
+      ("momentum/", opt.MomentumOptimizer(0.05, 0.9)),
+      ("adam/", opt.AdamWeightDecayOptimizer(
+          0.01, weight_decay_rate=0.01, exclude_from_weight_decay=["b1"])),
+      # Factored slots, parameter scale and clipping (global RMS), the
+      # default learning-rate and decay schedules of the global step.
+      ("adafactor/", opt.AdafactorOptimizer(min_dim_size_to_factor=8)),
+      # Unfactored slots and momentum.
+      ("adafactor_m/", opt.AdafactorOptimizer(
+          factored=False, beta1=0.9, learning_rate=0.01,
+          multiply_by_parameter_scale=False)),
+      # A learning-rate schedule variant.
+      ("multi_lr/", opt.AdamWithMultiLRSchedule(
+          variable_search=["w2"], alt_lr_schedules=[[0.5, 0.01]],
+          learning_rate=0.01)),
+  ]
+
+
+def mlp_loss(mesh):
+  """The sum of the losses of one two-layer MLP per optimizer."""
+  x = mtf.import_tf_tensor(mesh, tf.constant(X), [BATCH, D_IN])
+  y = mtf.import_tf_tensor(mesh, tf.constant(Y), [BATCH, D_OUT])
+  losses = []
+  for prefix, _ in make_optimizers():
+    with tf.compat.v1.variable_scope(prefix.rstrip("/")):
+      w1 = mtf.get_variable(mesh, "w1", [D_IN, D_FF])
+      b1 = mtf.get_variable(mesh, "b1", [D_FF],
+                            initializer=tf.zeros_initializer())
+      w2 = mtf.get_variable(mesh, "w2", [D_FF, D_OUT])
+      gain = mtf.get_variable(mesh, "gain", [GAIN],
+                              initializer=tf.ones_initializer())
+    h = mtf.relu(mtf.einsum([x, w1], [BATCH, D_FF]) + b1)
+    out = mtf.einsum([h, w2], [BATCH, D_OUT]) * mtf.reduce_mean(gain)
+    losses.append(mtf.reduce_mean(mtf.square(out - y)))
+  return mtf.add_n(losses)
+
+
 
 
 def shard(mesh, mesh_shape, layout, sharding):
@@ -139,3 +201,34 @@ def assert_same_values(got, want, what, rtol=1e-5):
     scale = float(np.max(np.abs(value))) if np.size(value) else 0.0
     np.testing.assert_allclose(got[name], value, rtol=rtol,
                                atol=rtol * scale, err_msg=f"{name}: {what}")
+
+
+def lower_only(make_loss, make_optimizers, mesh_shape, layout, sharding,
+               with_update=True):
+  """Builds and lowers a training step in a compat tf.Graph without running
+  it; returns (counters dict, {variable name: bytes per processor}, the
+  sharding's decisions or {})."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    shard(mesh, mesh_shape, layout, sharding)
+    loss = make_loss(mesh)
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    if with_update:
+      optimizers = make_optimizers()
+      groups = {}
+      for var, grad in zip(variables, grads):
+        optimizer = _optimizer_for(var.name, optimizers)
+        group = groups.setdefault(id(optimizer), (optimizer, [], []))
+        group[1].append(grad)
+        group[2].append(var)
+      for optimizer, group_grads, group_vars in groups.values():
+        optimizer.apply_grads(group_grads, group_vars)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    slice_bytes = {v.name: impl.slice_size(v.shape) * v.master_dtype.size
+                   for v in graph.all_variables}
+    decisions = dict(mesh.data_parallel_sharding.decisions
+                     if mesh.data_parallel_sharding else {})
+    return dict(lowering.counters), slice_bytes, decisions

@@ -16,63 +16,10 @@ from tests import sharding_training
 from tests.transformer import model_testing
 
 STEPS = 20
-BATCH = mtf.Dimension("batch", 16)
-D_IN = mtf.Dimension("d_in", 8)
-D_FF = mtf.Dimension("d_ff", 32)
-D_OUT = mtf.Dimension("d_out", 16)
-# Odd-sized: no data-parallel mesh dimension divides it (kept whole).
-GAIN = mtf.Dimension("gain", 3)
-
-_RNG = np.random.RandomState(0)
-X = _RNG.randn(BATCH.size, D_IN.size).astype(np.float32)
-Y = _RNG.randn(BATCH.size, D_OUT.size).astype(np.float32)
-
-MESHES = [
-    pytest.param("b:8", "batch:b", id="batch8"),
-    pytest.param("b:2;m:4", "batch:b;d_ff:m", id="b2m4"),
-    pytest.param("b:4;m:2", "batch:b;d_ff:m", id="b4m2"),
-]
-
-
-def make_optimizers():
-  """One optimizer per copy of the MLP, covering every kind and option."""
-  opt = mtf.optimize
-  return [
-      ("sgd/", opt.SgdOptimizer(0.1)),
-      ("momentum/", opt.MomentumOptimizer(0.05, 0.9)),
-      ("adam/", opt.AdamWeightDecayOptimizer(
-          0.01, weight_decay_rate=0.01, exclude_from_weight_decay=["b1"])),
-      # Factored slots, parameter scale and clipping (global RMS), the
-      # default learning-rate and decay schedules of the global step.
-      ("adafactor/", opt.AdafactorOptimizer(min_dim_size_to_factor=8)),
-      # Unfactored slots and momentum.
-      ("adafactor_m/", opt.AdafactorOptimizer(
-          factored=False, beta1=0.9, learning_rate=0.01,
-          multiply_by_parameter_scale=False)),
-      # A learning-rate schedule variant.
-      ("multi_lr/", opt.AdamWithMultiLRSchedule(
-          variable_search=["w2"], alt_lr_schedules=[[0.5, 0.01]],
-          learning_rate=0.01)),
-  ]
-
-
-def mlp_loss(mesh):
-  """The sum of the losses of one two-layer MLP per optimizer."""
-  x = mtf.import_tf_tensor(mesh, tf.constant(X), [BATCH, D_IN])
-  y = mtf.import_tf_tensor(mesh, tf.constant(Y), [BATCH, D_OUT])
-  losses = []
-  for prefix, _ in make_optimizers():
-    with tf.compat.v1.variable_scope(prefix.rstrip("/")):
-      w1 = mtf.get_variable(mesh, "w1", [D_IN, D_FF])
-      b1 = mtf.get_variable(mesh, "b1", [D_FF],
-                            initializer=tf.zeros_initializer())
-      w2 = mtf.get_variable(mesh, "w2", [D_FF, D_OUT])
-      gain = mtf.get_variable(mesh, "gain", [GAIN],
-                              initializer=tf.ones_initializer())
-    h = mtf.relu(mtf.einsum([x, w1], [BATCH, D_FF]) + b1)
-    out = mtf.einsum([h, w2], [BATCH, D_OUT]) * mtf.reduce_mean(gain)
-    losses.append(mtf.reduce_mean(mtf.square(out - y)))
-  return mtf.add_n(losses)
+MESHES = sharding_training.MESHES
+make_optimizers = sharding_training.make_optimizers
+mlp_loss = sharding_training.mlp_loss
+D_IN, D_FF = sharding_training.D_IN, sharding_training.D_FF
 
 
 _REFERENCE = {}

@@ -1,4 +1,5 @@
-"""Element-wise ops against NumPy, under every standard layout and mode."""
+"""Element-wise ops against NumPy, under every standard layout (same-shape
+ops: those that reach a distinct lowering path) and mode."""
 
 import math
 
@@ -14,6 +15,11 @@ from tests import mtf_testing
 
 DIMS = ["a", "b"]
 PARAMS = mtf_testing.layout_mode_params(DIMS)
+# For ops whose inputs and output all have dims [a, b]: one processor, a
+# split, both split (see slicewise_layout_ids). Ops that broadcast keep
+# every layout: there an input without the split dimension is replicated.
+SAME_SHAPE_PARAMS = mtf_testing.layout_mode_params(
+    DIMS, layouts=mtf_testing.slicewise_layout_ids(DIMS))
 
 
 def _x(low=-2.0, high=2.0, seed=0):
@@ -79,7 +85,7 @@ UNARY = {
 
 
 @pytest.mark.parametrize("op_name", sorted(UNARY))
-@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+@pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
 def test_unary(op_name, mesh_shape, layout, mode):
   mtf_fn, np_fn, x = UNARY[op_name]
   mtf_testing.check_op(
@@ -88,7 +94,7 @@ def test_unary(op_name, mesh_shape, layout, mode):
       {"x": (x, DIMS)}, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+@pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
 def test_stop_gradient(mesh_shape, layout, mode):
   # d(stop_gradient(x) * x)/dx = x: only the second factor is differentiated.
   mtf_testing.check_op(
@@ -98,7 +104,7 @@ def test_stop_gradient(mesh_shape, layout, mode):
       np_grad_fn=lambda cot, x: {"x": cot["y"] * x})
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+@pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
 def test_cast(mesh_shape, layout, mode):
   x = _x()
   mtf_testing.check_op(
@@ -109,7 +115,7 @@ def test_cast(mesh_shape, layout, mode):
       {"x": (x, DIMS)}, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+@pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
 def test_sign(mesh_shape, layout, mode):
   # sign has no gradient: d(sign(x) * x)/dx is sign(x) from the product.
   x = _x()
@@ -135,7 +141,7 @@ def test_pow_broadcast(mesh_shape, layout, mode):
       mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+@pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
 def test_conversions(mesh_shape, layout, mode):
   """logical_not, to_float, to_int32, to_bfloat16 (values only)."""
   x = _x(-3.0, 3.0)

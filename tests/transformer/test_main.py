@@ -132,15 +132,22 @@ def test_perplexity_eval_weighs_padding_nothing(trained):
   assert metrics["neg_log_perplexity"] < 0
 
 
-def test_infer_from_file(trained, tmp_path):
-  inputs = tmp_path / "inputs.txt"
+@pytest.fixture(scope="module")
+def decoded(trained, tmp_path_factory):
+  """The lines infer mode writes for three inputs (read-only: shared by the
+  test of infer and the test that the export decodes the same)."""
+  work = tmp_path_factory.mktemp("infer")
+  inputs = work / "inputs.txt"
   inputs.write_text("1+2\n30+4\n5+67\n")
-  output = tmp_path / "decodes"
+  output = work / "decodes"
   run_main(trained, "utils.run.mode = 'infer'",
            f"decode_from_file.input_filename = '{inputs}'",
            f"decode_from_file.output_filename = '{output}'")
-  decodes = (tmp_path / f"decodes-{TRAIN_STEPS}").read_text().splitlines()
-  assert len(decodes) == 3
+  return (work / f"decodes-{TRAIN_STEPS}").read_text().splitlines()
+
+
+def test_infer_from_file(decoded):
+  assert len(decoded) == 3
 
 
 def test_infer_waiting_for_checkpoints_says_so(trained, tmp_path, caplog):
@@ -167,15 +174,24 @@ def test_infer_waiting_for_checkpoints_says_so(trained, tmp_path, caplog):
              m.endswith("done.") for m in messages), messages[-5:]
 
 
-def test_score_from_strings(trained, tmp_path):
-  prefix = tmp_path / "scores"
-  # As the original: (scores, targets), the scores written with "%g", the
-  # targets' lengths (tokens before padding: the bytes and EOS).
+@pytest.fixture(scope="module")
+def scored(trained, tmp_path_factory):
+  """(scores, targets, the folder save_scores wrote to) of score_from_strings
+  on two examples (read-only: shared by the test of that mode and the test
+  that the score export serves the same)."""
+  work = tmp_path_factory.mktemp("score")
   scores, targets = run_main(
       trained, "utils.run.mode = 'score_from_strings'",
       "score_from_strings.inputs = ['1+2', '30+4']",
       "score_from_strings.targets = ['3', '34']",
-      f"save_scores.scores_filename = '{prefix}'")
+      f"save_scores.scores_filename = '{work / 'scores'}'")
+  return scores, targets, work
+
+
+def test_score_from_strings(scored):
+  # As the original: (scores, targets), the scores written with "%g", the
+  # targets' lengths (tokens before padding: the bytes and EOS).
+  scores, targets, tmp_path = scored
   assert len(scores) == 2 and all(s < 0 for s in scores)
   assert targets == ["3", "34"]
   assert sorted(os.listdir(tmp_path)) == [
@@ -186,7 +202,7 @@ def test_score_from_strings(trained, tmp_path):
   assert (tmp_path / "scores.targets").read_text().splitlines() == ["3", "34"]
 
 
-def test_export_and_serve_one_request(trained, tmp_path):
+def test_export_and_serve_one_request(trained, decoded, tmp_path):
   export_dir = run_main(trained, "utils.run.mode = 'export_infer'",
                         f"utils.run.export_path = '{tmp_path / 'export'}'")
   assert os.path.isdir(export_dir)
@@ -194,16 +210,8 @@ def test_export_and_serve_one_request(trained, tmp_path):
   # Inputs of different lengths, fewer than the batch.
   outputs = served(inputs=tf.constant(["1+2", "30+4", "5+67"]))["outputs"]
   assert outputs.shape == [3] and outputs.dtype == tf.string
-  # The export decodes as the estimator does.
-  inputs = tmp_path / "inputs.txt"
-  inputs.write_text("1+2\n30+4\n5+67\n")
-  decodes = run_main(trained, "utils.run.mode = 'infer'",
-                     f"decode_from_file.input_filename = '{inputs}'",
-                     f"decode_from_file.output_filename = "
-                     f"'{tmp_path / 'out'}'")
-  del decodes
-  expected = (tmp_path / f"out-{TRAIN_STEPS}").read_text().splitlines()
-  assert [o.decode(errors="replace") for o in outputs.numpy()] == expected
+  # The export decodes as the estimator does (on the same three inputs).
+  assert [o.decode(errors="replace") for o in outputs.numpy()] == decoded
 
 
 @pytest.mark.parametrize("params, files, message", [
@@ -307,13 +315,11 @@ def test_score_from_dataset(trained, tmp_path):
   assert (tmp_path / "scores.targets").read_text().splitlines() == targets
 
 
-def test_export_score_serves_log_likelihoods(trained, tmp_path):
+def test_export_score_serves_log_likelihoods(trained, scored, tmp_path):
   export_dir = run_main(trained, "utils.run.mode = 'export_score'",
                         f"utils.run.export_path = '{tmp_path / 'export'}'")
   served = tf.saved_model.load(export_dir).signatures["serving_default"]
   scores = served(inputs=tf.constant(["1+2", "30+4"]),
                   targets=tf.constant(["3", "34"]))["scores"].numpy()
-  expected, _ = run_main(trained, "utils.run.mode = 'score_from_strings'",
-                         "score_from_strings.inputs = ['1+2', '30+4']",
-                         "score_from_strings.targets = ['3', '34']")
+  expected, _, _ = scored  # score_from_strings on the same examples
   np.testing.assert_allclose(scores, expected, rtol=1e-4)

@@ -1,0 +1,65 @@
+"""The op tests' NumPy gradient reference: its memo returns a stored result
+only for a reference that computes the same thing."""
+
+import numpy as np
+import pytest
+
+from tests import mtf_testing
+
+X = np.random.RandomState(0).uniform(-1, 1, (3, 4))
+COT = {"y": np.random.RandomState(1).uniform(-1, 1, (3, 4))}
+
+
+def _scaled(scale):
+  return lambda x: {"y": np.sin(x) * scale}
+
+
+def _grad(np_fn, x=X, cot=COT):
+  return mtf_testing.numeric_gradients(np_fn, {"x": x}, cot, ["x"])["x"]
+
+
+def test_same_code_different_closures_get_their_own_gradients():
+  # One lambda's code with two closures: the memo must tell them apart.
+  for scale in (2.0, 3.0, 2.0):
+    np.testing.assert_allclose(_grad(_scaled(scale)),
+                               COT["y"] * np.cos(X) * scale, rtol=1e-6)
+
+
+def test_inputs_and_cotangents_are_part_of_the_key():
+  fn = _scaled(1.0)
+  np.testing.assert_allclose(_grad(fn, x=X + 1), COT["y"] * np.cos(X + 1),
+                             rtol=1e-6)
+  cot = {"y": -COT["y"]}
+  np.testing.assert_allclose(_grad(fn, cot=cot), -COT["y"] * np.cos(X),
+                             rtol=1e-6)
+
+
+def test_a_stored_result_cannot_be_changed_by_its_caller():
+  fn = _scaled(5.0)
+  _grad(fn)[:] = 0.0
+  np.testing.assert_allclose(_grad(fn), COT["y"] * np.cos(X) * 5.0,
+                             rtol=1e-6)
+
+
+def test_unknown_objects_are_not_memoized_but_still_work():
+  class Scale:
+    value = 4.0
+
+  scale = Scale()
+
+  def fn(x):
+    return {"y": np.sin(x) * scale.value}
+
+  np.testing.assert_allclose(_grad(fn), COT["y"] * np.cos(X) * 4.0,
+                             rtol=1e-6)
+  scale.value = 1.0  # Mutable state: a memo would return the old result.
+  np.testing.assert_allclose(_grad(fn), COT["y"] * np.cos(X), rtol=1e-6)
+
+
+def test_layout_mode_params_keeps_only_the_named_layouts():
+  ids = [p.id for p in mtf_testing.layout_mode_params(
+      ["a", "b"], layouts=mtf_testing.slicewise_layout_ids(["a", "b"]))]
+  assert ids == [f"{case}-{mode}" for case in ("1proc", "all8_a", "2d")
+                 for mode in mtf_testing.MODES] + ["2d-graph_v1_shapes"]
+  with pytest.raises(ValueError, match="all8_c"):
+    mtf_testing.layout_mode_params(["a", "b"], layouts=["all8_c"])
