@@ -218,7 +218,8 @@ class Lowering:
 
   @property
   def counters(self):
-    """(key, value) pairs: `comm/<collective>/<mesh dims>/calls|bytes` and
+    """(key, value) pairs: `comm/<collective>/<mesh dims>/calls|bytes|
+    wire_bytes` (see MeshImpl._count_collective) and
     `compute/<Operation class>/ops|output_elements`."""
     return list(self._counters.items())
 
@@ -281,13 +282,18 @@ def log_variable_sizes(var_list, tag, verbose=True, mesh_to_impl=None,
 
 
 def pretty_print_counters(counters):
-  """Lines listing counters, sorted, with the total communication bytes."""
+  """Lines listing counters, sorted, with the totals of the collectives'
+  input bytes (keys ending "/bytes") and wire bytes ("/wire_bytes")."""
   lines = ["Counters:"]
   for key in sorted(counters):
     lines.append(f"  {key}: {counters[key]}")
-  comm_bytes = sum(v for k, v in counters.items()
-                   if k.startswith("comm/") and k.endswith("/bytes"))
-  lines.append(f"  comm/total_bytes: {comm_bytes}")
+  totals = {"bytes": 0, "wire_bytes": 0}
+  for key, value in counters.items():
+    last = key.rsplit("/", 1)[-1]
+    if key.startswith("comm/") and last in totals:
+      totals[last] += value
+  lines.append(f"  comm/total_bytes: {totals['bytes']}")
+  lines.append(f"  comm/total_wire_bytes: {totals['wire_bytes']}")
   return lines
 
 

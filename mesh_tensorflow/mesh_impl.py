@@ -261,7 +261,9 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
   collectives `allreduce`, `allconcat`, `alltoall`, `receive`,
   `laid_out_pnum`, `import_tf_tensor`, `export_to_tf_tensor`, `random`,
   `devices` and `LaidOutVariable` (or `make_laid_out_variable`). Everything
-  else is derived from them.
+  else is derived from them; backends also override derived members where
+  they can do better (`reduce_scatter`, the weight-update-sharding
+  collective, is allreduce + allsplit here).
 
   A mesh implementation owns the TF variables of the mtf variables lowered
   onto it (its `variable_store`), and is trackable:
@@ -421,14 +423,42 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     if self._counter_fn is not None:
       self._counter_fn(key, value)
 
-  def _count_collective(self, kind, mesh_axes, x):
-    """Counts one collective call and the bytes its inputs hold on all
-    processors together (the same whichever implementation lowers it)."""
+  def _count_collective(self, kind, mesh_axes, x, source_pcoord=None):
+    """Counts one collective call, the bytes its inputs hold on all
+    processors together and its wire bytes (the same whichever
+    implementation lowers it).
+
+    Wire bytes are what a bandwidth-optimal algorithm sends, summed over
+    all processors, for groups of n members each holding s input bytes:
+    allreduce 2(n-1)/n s per member, reduce_scatter and alltoall
+    (n-1)/n s, allconcat (n-1) s, receive s per member receiving
+    another member's slice (by `source_pcoord`, receive's argument).
+    Every figure is an exact integer: there are size/n groups, so
+    size (n-1)/n s is (size/n) (n-1) s. Hence a reduce_scatter plus the
+    allconcat of its result has the wire bytes of the allreduce it
+    replaces.
+    """
     axes = "_".join(self._shape[a].name for a in mesh_axes) or "none"
     first = x.tensor_list[0]
-    nbytes = first.dtype.size * first.shape.num_elements() * self.size
+    slice_bytes = first.dtype.size * first.shape.num_elements()
+    n = shape_lib.list_product(self._shape[a].size for a in mesh_axes)
+    num_groups = self.size // n
+    receivers = sum(1 for i, source in enumerate(source_pcoord or ())
+                    if source is not None and source != i)
+    per_group = {
+        "allreduce": 2 * (n - 1) * slice_bytes,
+        "reduce_scatter": (n - 1) * slice_bytes,
+        "alltoall": (n - 1) * slice_bytes,
+        "allconcat": n * (n - 1) * slice_bytes,
+        "receive": receivers * slice_bytes,
+    }
+    if kind not in per_group:
+      raise ValueError(f"_count_collective: unknown collective {kind!r}; "
+                       f"expected one of {sorted(per_group)}.")
     self._count(f"comm/{kind}/{axes}/calls", 1)
-    self._count(f"comm/{kind}/{axes}/bytes", nbytes)
+    self._count(f"comm/{kind}/{axes}/bytes", slice_bytes * self.size)
+    self._count(f"comm/{kind}/{axes}/wire_bytes",
+                num_groups * per_group[kind])
 
   # ------------------------------------------------------ backend members
 
@@ -631,6 +661,23 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
       return tf.slice(x, begin, size)
 
     return self.slicewise(my_piece, x, which)
+
+  def reduce_scatter(self, x, mesh_axis, split_axis,
+                     reduction_fn_string="SUM"):
+    """Within groups along `mesh_axis`: reduces ("SUM", "MAX", "MIN") the
+    members' slices elementwise and gives member k (in coordinate order)
+    the k-th of group-size equal pieces of the result along tensor axis
+    `split_axis`: allreduce followed by allsplit, with half the wire
+    bytes. A size-1 mesh axis returns `x`.
+
+    This default is exactly that allreduce and allsplit (so a backend
+    with only the other collectives still lowers everything); backends
+    override it with a real reduce-scatter.
+    """
+    if self._shape[mesh_axis].size == 1:
+      return x.to_laid_out_tensor()
+    return self.allsplit(self.allreduce(x, [mesh_axis], reduction_fn_string),
+                         mesh_axis, split_axis)
 
   def shift_by_n_processors(self, x, mesh_axis, offset, wrap):
     """Member i of each group along `mesh_axis` gets member i-offset's

@@ -6,8 +6,9 @@ that member's device. Members are arranged in a ring in list order: data
 only moves between neighbours (member i and i +/- 1 mod n), which suits
 links where neighbours are cheap (a ring or torus of accelerators). They are
 re-exported by `placement_mesh_impl` under the original library's names;
-PlacementMeshImpl uses `alltoall_pointtwise`, and the ring allreduce and
-allconcat with `allreduce_algorithm="ring"`.
+PlacementMeshImpl uses `alltoall_pointtwise`, and the ring allreduce,
+allconcat and reduce-scatter (`reduce_scatter_ring`, ours: the original had
+none) with `allreduce_algorithm="ring"`.
 
 For n members a ring function builds O(n^2) small ops (O(n) per member),
 where a gather onto one member builds O(n).
@@ -143,6 +144,42 @@ def allreduce_ring(xs, devices, reduction_fn_string="SUM"):
   for i, device in enumerate(devices):
     with tf.device(device):
       out.append(tf.reshape(tf.concat(reduced[i], axis=0), shape))
+  return out
+
+
+def reduce_scatter_ring(xs, devices, split_axis, reduction_fn_string="SUM"):
+  """Member k gets piece k (of n on `split_axis`) of the reduction of `xs`.
+
+  Piece k starts at member k+1 and travels once around the ring, each
+  member on the way adding its own piece k, and ends at member k: every
+  link carries (n-1)/n of a tensor, the bandwidth-optimal amount.
+
+  Args:
+    xs: n tf.Tensors of one shape and dtype; `split_axis` divides by n.
+    devices: n device strings.
+    split_axis: the axis to split on.
+    reduction_fn_string: "SUM", "MAX" or "MIN".
+
+  Returns:
+    n tf.Tensors, the k-th on devices[k].
+  """
+  _check_group(xs, devices, "reduce_scatter_ring")
+  n = len(xs)
+  if n == 1:
+    return list(xs)
+  reduce_fn = binary_reduction(reduction_fn_string, xs[0].dtype)
+  pieces = []
+  for x, device in zip(xs, devices):
+    with tf.device(device):
+      pieces.append(tf.split(x, n, axis=split_axis))
+  out = []
+  for k in range(n):
+    total = pieces[(k + 1) % n][k]
+    for hop in range(2, n + 1):
+      member = (k + hop) % n
+      with tf.device(devices[member]):
+        total = reduce_fn(total, pieces[member][k])
+    out.append(total)
   return out
 
 

@@ -37,6 +37,7 @@ allreduce_ring = placement_collectives.allreduce_ring
 allreduce_ring_single_shard = placement_collectives.allreduce_ring_single_shard
 alltoall_pointtwise = placement_collectives.alltoall_pointtwise
 alltoall_ring = placement_collectives.alltoall_ring
+reduce_scatter_ring = placement_collectives.reduce_scatter_ring
 
 _ALGORITHMS = ("auto", "gather", "nccl", "ring")
 
@@ -71,7 +72,8 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       "nccl" uses NCCL all-reduce, for groups of distinct GPUs of one task
       in graph or tf.function mode; "auto" picks NCCL where it applies;
       "ring" uses the original library's `allreduce_ring` and
-      `allconcat_ring` (data moves only between ring neighbours).
+      `allconcat_ring`, and `reduce_scatter_ring` (data moves only between
+      ring neighbours).
     share_replicas: whether processors holding the same slice of a tensor
       (replicas along mesh dimensions the tensor is not split over) share
       one computation of it. None (the default) means yes when every
@@ -278,9 +280,54 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
         out[p] = y
     return LaidOutTensor(out)
 
+  def reduce_scatter(self, x, mesh_axis, split_axis,
+                     reduction_fn_string="SUM"):
+    """See MeshImpl.reduce_scatter.
+
+    One owner per piece: member k's device reduces piece k of every
+    member's slice, so each byte moves once and the reduction work is
+    spread over the group (the allreduce's design, 1/n of it per member).
+    Groups holding the very same slices (shared replicas) are done once.
+    With allreduce_algorithm="ring", pieces travel around the ring
+    (`reduce_scatter_ring`). NCCL has no reduce-scatter here: GPU groups
+    use the owner design too.
+    """
+    x = x.to_laid_out_tensor()
+    n = self.shape[mesh_axis].size
+    if n == 1:
+      return x
+    self._count_collective("reduce_scatter", [mesh_axis], x)
+    placement_collectives.binary_reduction(reduction_fn_string,
+                                           x.tensor_list[0].dtype)
+    out = [None] * self.size
+    pieces = {}  # id(slice) -> its n pieces, split on its own device.
+    reduced = {}
+    for group in self.processor_groups([mesh_axis]):
+      inputs = [x.tensor_list[p] for p in group]
+      key = tuple(id(t) for t in inputs)
+      if self._share_replicas and key in reduced:
+        ys = reduced[key]
+      elif self._allreduce_algorithm == "ring":
+        ys = reduce_scatter_ring(inputs, [self._devices[p] for p in group],
+                                 split_axis, reduction_fn_string)
+      else:
+        for p, t in zip(group, inputs):
+          if id(t) not in pieces:
+            with tf.device(self._devices[p]):
+              pieces[id(t)] = tf.split(t, n, axis=split_axis)
+        ys = []
+        for k, owner in enumerate(group):
+          with tf.device(self._devices[owner]):
+            ys.append(placement_collectives.reduce_list(
+                [pieces[id(t)][k] for t in inputs], reduction_fn_string))
+      reduced[key] = ys
+      for p, y in zip(group, ys):
+        out[p] = y
+    return LaidOutTensor(out)
+
   def receive(self, x, mesh_axis, source_pcoord):
     x = x.to_laid_out_tensor()
-    self._count_collective("receive", [mesh_axis], x)
+    self._count_collective("receive", [mesh_axis], x, source_pcoord)
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       for p, source in zip(group, source_pcoord):

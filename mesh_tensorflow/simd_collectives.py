@@ -34,6 +34,8 @@ _NEXT_INSTANCE_KEY = itertools.count(1)
 _GROUP_BASE_KEYS = {}
 
 _MERGE_OPS = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
+_LOCAL_REDUCTIONS = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max,
+                     "MIN": tf.reduce_min}
 
 # Dtypes that TF's host collective kernels lack, and the dtype each travels
 # as; every value of the first is exactly a value of the second. TF 2.21's
@@ -172,6 +174,33 @@ class HostCollectives:
         ordering_token=self._token_fn(), timeout=self._timeout)
     return self._reorder_blocks(received, n,
                                 tf.math.invert_permutation(order))
+
+  def reduce_scatter(self, x, group_assignment, reduction):
+    """Member k of a group gets the reduction ("SUM", "MAX", "MIN") of
+    block k (axis 0) of every member's `x`; axis 0 shrinks group-size
+    times.
+
+    TF's CollectiveReduceScatterV2 has no CPU implementation (TF 2.21
+    fails with "did not find collective implementation"), so this is an
+    all-to-all of the blocks (member order handled there) and a local
+    reduction of the n blocks received: each member sends (n-1)/n of x,
+    the bandwidth-optimal amount, and reduces 1/n of the group's data.
+    """
+    n = len(group_assignment[0])
+    wire = _WIRE_DTYPES.get(x.dtype)
+    if wire is not None:
+      return tf.cast(
+          self.reduce_scatter(tf.cast(x, wire), group_assignment, reduction),
+          x.dtype)
+    received = self.all_to_all(x, group_assignment)
+    shape = tf.shape(x)
+    blocks = tf.reshape(received, tf.concat([[n, shape[0] // n], shape[1:]],
+                                            0))
+    result = _LOCAL_REDUCTIONS[reduction](blocks, axis=0)
+    static = x.shape.as_list()
+    result.set_shape([None if static[0] is None else static[0] // n] +
+                     static[1:])
+    return result
 
   def permute(self, x, source_target_pairs, group_assignment):
     """Each target of a (source, target) pair of processor numbers gets the

@@ -389,9 +389,28 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     received = tf.unstack(tf.reshape(received, pieces.shape), num=n)
     return LaidOutTensor([tf.concat(received, axis=concat_axis)])
 
+  def reduce_scatter(self, x, mesh_axis, split_axis,
+                     reduction_fn_string="SUM"):
+    """See MeshImpl.reduce_scatter. The back end's `reduce_scatter` takes
+    the slice cut into group-size pieces stacked on a new front axis."""
+    x = x.to_laid_out_tensor()
+    n = self.shape[mesh_axis].size
+    if n == 1:
+      return x
+    if reduction_fn_string not in ("SUM", "MAX", "MIN"):
+      raise ValueError(f"Unknown reduction {reduction_fn_string!r}; "
+                       "expected SUM, MAX or MIN.")
+    self._count_collective("reduce_scatter", [mesh_axis], x)
+    t = x.one_slice
+    pieces = tf.stack(tf.split(t, n, axis=split_axis))
+    mine = self._collectives.reduce_scatter(
+        pieces, self.processor_groups([mesh_axis]), reduction_fn_string)
+    mine = tf.reshape(mine, pieces.shape[1:])
+    return LaidOutTensor([mine])
+
   def receive(self, x, mesh_axis, source_pcoord):
     x = x.to_laid_out_tensor()
-    self._count_collective("receive", [mesh_axis], x)
+    self._count_collective("receive", [mesh_axis], x, source_pcoord)
     groups = self.processor_groups([mesh_axis])
     pairs = []
     for group in groups:  # Members are in pcoord order along mesh_axis.

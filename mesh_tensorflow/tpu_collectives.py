@@ -6,9 +6,9 @@ logically, so each group assignment and source/target pair is mapped
 through `logical_to_physical` before it reaches a TPU op (member order is
 kept: it is the concatenation order).
 
-Only three TPU collectives are exposed by TF 2.21 (`CrossReplicaSum`,
-`AllToAll`, `CollectivePermute`), with limited dtypes. The rest is built on
-them, exactly:
+TF 2.21 exposes four TPU collectives (`CrossReplicaSum`, `AllToAll`,
+`CollectivePermute`, and XLA's `XlaReduceScatter`), with limited dtypes.
+The rest is built on them, exactly:
   * all_gather: every member writes its x into its own block of a zero
     tensor and the group sums; one non-zero term per element, and the data
     travel as int32 words (bitcast), so every dtype arrives bit for bit
@@ -16,12 +16,16 @@ them, exactly:
   * MAX / MIN (and SUM of 64-bit types): all_gather, then reduce locally.
   * all_to_all / permute of dtypes the TPU may not move (bool, 64-bit,
     8/16-bit): packed into int32 words and unpacked after.
+  * reduce_scatter of float32, int32 and bfloat16 (summed as all_reduce
+    sums it) is XlaReduceScatter; other dtypes, or primitives without
+    `reduce_scatter`, all_reduce and keep the member's block.
 Unlike the original library, float32 all_to_all is not rounded to bfloat16
 and int32 sums are not computed in float32.
 """
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.ops import gen_xla_ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.tpu.ops import tpu_ops  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import slice_utils
@@ -50,6 +54,13 @@ class TpuPrimitives:
 
   def collective_permute(self, x, source_target_pairs):
     return tpu_ops.collective_permute(x, source_target_pairs)
+
+  def reduce_scatter(self, x, scatter_dimension, group_assignment,
+                     reduce_op):
+    """XLA ReduceScatter: member k of a group gets block k of the
+    reduction ("Add", "Max", "Min") on `scatter_dimension`."""
+    return gen_xla_ops.xla_reduce_scatter(
+        x, group_assignment, scatter_dimension, reduce_op)
 
 
 # ---------------------------------------------------------------- packing
@@ -134,7 +145,8 @@ class TpuCollectives:
     allreduce_in_bfloat16_max_group_size: bfloat16 sums over larger groups
       are done in float32 (precision), smaller ones in bfloat16 (speed).
     primitives: the TPU ops (default `TpuPrimitives()`); an object with
-      `cross_replica_sum`, `all_to_all` and `collective_permute`.
+      `cross_replica_sum`, `all_to_all` and `collective_permute`, and
+      optionally `reduce_scatter`.
 
   Raises:
     ValueError: if logical_to_physical is not a permutation of
@@ -238,6 +250,40 @@ class TpuCollectives:
     # 64-bit and complex types: gather exactly, add locally.
     return tf.reduce_sum(self.all_gather(x[tf.newaxis], group_assignment),
                          axis=0)
+
+  # --------------------------------------------------- reduce_scatter
+
+  def reduce_scatter(self, x, group_assignment, reduction):
+    """Member k of a group gets the reduction ("SUM", "MAX", "MIN") of
+    block k (axis 0) of every member's x; axis 0 shrinks group-size
+    times."""
+    if reduction not in _REDUCTIONS:
+      raise ValueError(f"Unknown reduction {reduction!r}; expected one of "
+                       f"{_REDUCTIONS}.")
+    x = tf.convert_to_tensor(x)
+    n, physical, index_table = self._groups(group_assignment)
+    first = slice_utils.static_shape(x)[0] if x.shape.rank else None
+    if x.shape.rank == 0 or (first is not None and first % n):
+      raise ValueError(
+          f"TpuCollectives.reduce_scatter: axis 0 of x (shape {x.shape}) "
+          f"must split into {n} blocks, one per group member.")
+    scatter = getattr(self._primitives, "reduce_scatter", None)
+    op = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}[reduction]
+    if scatter is not None and x.dtype in (tf.float32, tf.int32):
+      return scatter(x, 0, physical, op)
+    if scatter is not None and x.dtype == tf.bfloat16:
+      if reduction == "SUM" and n > self._bf16_max_group_size:
+        return tf.cast(scatter(tf.cast(x, tf.float32), 0, physical, op),
+                       tf.bfloat16)
+      return scatter(x, 0, physical, op)
+    reduced = self.all_reduce(x, group_assignment, reduction)
+    shape = _shape(x)
+    if isinstance(shape, list):
+      blocks = tf.reshape(reduced, [n, shape[0] // n] + shape[1:])
+    else:
+      blocks = tf.reshape(reduced,
+                          tf.concat([[n, shape[0] // n], shape[1:]], 0))
+    return tf.gather(blocks, self._member_index(index_table))
 
   # ------------------------------------------------------- all_gather
 

@@ -79,6 +79,13 @@ class HostSimulatedTpuPrimitives:
     assert split_count == len(group_assignment[0])
     return self._host.all_to_all(x, group_assignment)
 
+  def reduce_scatter(self, x, scatter_dimension, group_assignment,
+                     reduce_op):
+    self._check(x, "reduce_scatter")
+    assert scatter_dimension == 0
+    reduction = {"Add": "SUM", "Max": "MAX", "Min": "MIN"}[reduce_op]
+    return self._host.reduce_scatter(x, group_assignment, reduction)
+
   def collective_permute(self, x, source_target_pairs):
     self._check(x, "collective_permute")
     return self._host.permute(x, source_target_pairs,

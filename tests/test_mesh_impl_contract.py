@@ -9,7 +9,8 @@ reversed order), and SimdMeshImpl with TPU collectives simulated on the host
 
 - Collectives: processor p holds block VALUES[p] (distinct per processor);
   one program per back end and mesh runs allreduce (SUM, MAX, MIN; float
-  and int), allconcat (and stacked), alltoall, allsplit, receive,
+  and int), reduce_scatter (SUM, MAX, MIN on the first and last axis; int
+  SUM), allconcat (and stacked), alltoall, allsplit, receive,
   shift_by_n_processors and the processor numbers and coordinates, and each
   processor's result is compared with a NumPy model of its group.
 - Random tensors: every back end and layout gives the full tensor drawn on
@@ -230,6 +231,21 @@ def _collective_cases(impl):
           lambda i, p, a=a, s=split, c=concat, n=n, group=group:
           np.concatenate([np.split(VALUES[q], n, axis=s)[_pcoord(i, p, a)]
                           for q in group(i, p)], axis=c)))
+    for reduction, np_fn in sorted(_NP_REDUCE.items()):
+      for split in (0, 1):  # The first and the last axis of a slice.
+        cases.append((
+            f"reduce_scatter_{reduction}_{a}_{split}",
+            lambda i, x, xi, a=a, s=split, r=reduction: i.reduce_scatter(
+                x, a, s, r),
+            lambda i, p, a=a, s=split, f=np_fn, n=n, group=group: np.split(
+                f(VALUES[group(i, p)], axis=0), n, axis=s)[
+                    _pcoord(i, p, a)]))
+    cases.append((
+        f"reduce_scatter_int_SUM_{a}",
+        lambda i, x, xi, a=a: i.reduce_scatter(xi, a, 1),
+        lambda i, p, a=a, n=n, group=group: np.split(
+            INT_VALUES[group(i, p)].sum(0, dtype=np.int32), n, axis=1)[
+                _pcoord(i, p, a)]))
     sources = _receive_sources(n)
     cases.append((
         f"receive_{a}",
@@ -275,7 +291,8 @@ def test_collectives(backend, mesh_shape):
     for pnum, got in enumerate(slices[name]):
       want = np_fn(impl, pnum)
       message = f"{name} on processor {pnum} ({backend}, {mesh_shape})"
-      if name.startswith("allreduce_SUM"):  # Summation order may differ.
+      if name.startswith(("allreduce_SUM", "reduce_scatter_SUM")):
+        # Summation order may differ.
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=message)
       else:
         np.testing.assert_array_equal(got, want, err_msg=message)
@@ -427,3 +444,135 @@ def test_random_values_have_their_distributions():
   assert np.abs(big).max() <= 2.0
   # The normal truncated to [-2, 2] has standard deviation 0.8796.
   assert abs(big.std() - 0.8796) < 0.02 and abs(big.mean()) < 0.02
+
+
+# ---------------------------------------------------- shared replicas
+
+def test_placement_reduce_scatter_of_shared_replicas_is_done_once():
+  """Groups whose members hold the very same (shared) slices reduce them
+  once; the values are those of distinct copies."""
+  impl = placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "",
+                                               share_replicas=True)
+  table = tf.constant(VALUES[:4])
+  # Each processor's slice depends on its "cols" coordinate only, so the
+  # two groups along "cols" hold the same four tensors.
+  x = impl.slicewise(lambda c: tf.gather(table, c), impl.laid_out_pcoord(1))
+  y = impl.reduce_scatter(x, 1, 0, "SUM")
+  assert y.tensor_list[:4] == y.tensor_list[4:]
+  assert len({id(t) for t in y.tensor_list}) == 4
+  for pnum, got in enumerate(y.tensor_list):
+    np.testing.assert_allclose(
+        got.numpy(), np.split(VALUES[:4].sum(0), 4)[pnum % 4], rtol=1e-6)
+
+
+# ---------------------------------------------------------- wire bytes
+
+def _wire_cases(impl):
+  """(name, fn(impl, x), counter kind, mesh axes, per-processor wire bytes
+  of a bandwidth-optimal algorithm as a Fraction of the slice bytes s,
+  for group size n; for receive, of the members that receive)."""
+  from fractions import Fraction  # pylint: disable=g-import-not-at-top
+  cases = []
+  for a in range(impl.ndims):
+    n = impl.shape[a].size
+    sources = _receive_sources(n)
+    receiving = sum(1 for i, c in enumerate(sources)
+                    if c is not None and c != i)
+    cases += [
+        ("allreduce", lambda i, x, a=a: i.allreduce(x, [a], "SUM"),
+         [a], Fraction(2 * (n - 1), n)),
+        ("reduce_scatter", lambda i, x, a=a: i.reduce_scatter(x, a, 0),
+         [a], Fraction(n - 1, n)),
+        ("allconcat", lambda i, x, a=a: i.allconcat(x, a, 1),
+         [a], Fraction(n - 1)),
+        ("alltoall", lambda i, x, a=a: i.alltoall(x, a, 0, 1),
+         [a], Fraction(n - 1, n)),
+        ("receive", lambda i, x, a=a, s=sources: i.receive(x, a, s),
+         [a], Fraction(receiving, n)),
+    ]
+  if impl.ndims > 1:
+    n = impl.size
+    cases.append(("allreduce", lambda i, x: i.allreduce(
+        x, list(range(i.ndims)), "MAX"), list(range(impl.ndims)),
+                  Fraction(2 * (n - 1), n)))
+  return cases
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+@pytest.mark.parametrize("backend", ["placement_function", "simd_host"])
+def test_wire_bytes_counters(backend, mesh_shape):
+  """Every collective counts calls, input bytes and the exact wire bytes
+  of a bandwidth-optimal algorithm; a reduce_scatter plus the allconcat
+  of its result has the allreduce's wire bytes."""
+  make, mode = BACKENDS[backend]
+  impl = make(mesh_shape, "")
+  cases = _wire_cases(impl)
+  recorded = []
+
+  def counting(counters):
+    return lambda k, v: counters.__setitem__(k, counters.get(k, 0) + v)
+
+  def build():
+    counters, composition = {}, {}
+    recorded[:] = [counters, composition]
+    previous = impl.set_counter_fn(counting(counters))
+    try:
+      table = tf.constant(VALUES)
+      x = impl.slicewise(lambda p: tf.gather(table, p), impl.laid_out_pnum())
+      out = {str(k): c[1](impl, x) for k, c in enumerate(cases)}
+      impl.set_counter_fn(counting(composition))
+      out["gathered"] = impl.allconcat(impl.reduce_scatter(x, 0, 1), 0, 1)
+    finally:
+      impl.set_counter_fn(previous)
+    return out, {}, None
+
+  _execute(mode, impl, build)
+  counters, composition = recorded
+  slice_bytes = VALUES[0].nbytes
+  want = {}
+  for kind, _, axes, per_processor in cases:
+    key = "comm/{}/{}".format(
+        kind, "_".join(impl.shape[a].name for a in axes))
+    want[key + "/calls"] = want.get(key + "/calls", 0) + 1
+    want[key + "/bytes"] = want.get(key + "/bytes", 0) + (
+        slice_bytes * impl.size)
+    wire = per_processor * slice_bytes * impl.size
+    assert wire.denominator == 1, (kind, wire)
+    want[key + "/wire_bytes"] = want.get(key + "/wire_bytes", 0) + int(wire)
+  assert {k: v for k, v in counters.items() if k.startswith("comm/")} == want
+  axis0 = impl.shape[0].name
+  assert composition[f"comm/reduce_scatter/{axis0}/calls"] == 1
+  assert composition[f"comm/allconcat/{axis0}/calls"] == 1
+  assert (composition[f"comm/reduce_scatter/{axis0}/wire_bytes"] +
+          composition[f"comm/allconcat/{axis0}/wire_bytes"]) == (
+              counters[f"comm/allreduce/{axis0}/wire_bytes"])
+
+
+def test_pretty_print_counters_totals_keep_bytes_and_wire_bytes_apart():
+  lines = mtf.lowering.pretty_print_counters({
+      "comm/allreduce/all/calls": 2, "comm/allreduce/all/bytes": 100,
+      "comm/allreduce/all/wire_bytes": 175,
+      "comm/allconcat/all/bytes": 10, "comm/allconcat/all/wire_bytes": 70,
+      "compute/EinsumOperation/output_elements": 1000})
+  assert "  comm/total_bytes: 110" in lines
+  assert "  comm/total_wire_bytes: 245" in lines
+
+
+def test_default_reduce_scatter_is_allreduce_then_allsplit():
+  """A backend with only the original four collectives still lowers
+  reduce_scatter (MeshImpl's default), with the same values."""
+  impl = placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "")
+  table = tf.constant(VALUES)
+  x = impl.slicewise(lambda p: tf.gather(table, p), impl.laid_out_pnum())
+  counters = {}
+  impl.set_counter_fn(counters.__setitem__)
+  default = mtf.mesh_impl.MeshImpl.reduce_scatter(impl, x, 1, 1, "MAX")
+  assert set(counters) == {"comm/allreduce/cols/calls",
+                           "comm/allreduce/cols/bytes",
+                           "comm/allreduce/cols/wire_bytes"}
+  own = impl.reduce_scatter(x, 1, 1, "MAX")
+  for pnum in range(8):
+    np.testing.assert_array_equal(default.tensor_list[pnum].numpy(),
+                                  own.tensor_list[pnum].numpy())
+  assert mtf.mesh_impl.MeshImpl.reduce_scatter(
+      placement_mesh_impl.PlacementMeshImpl("a:1;b:8", ""), x, 0, 0) is x

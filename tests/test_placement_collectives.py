@@ -1,10 +1,11 @@
 """The original's ring collectives on lists of per-device tensors, vs NumPy.
 
 `mtf.placement_mesh_impl.allreduce_ring` (and `_single_shard`),
-`allconcat_ring`, `alltoall_ring` and `alltoall_pointtwise` take one tensor
-per group member and the member's device; member i's result must be on
-devices[i]. Groups of 1, 2, 3, 5 and 8 members (odd sizes take the other
-branches of the chain and ring arithmetic).
+`allconcat_ring`, `alltoall_ring`, `alltoall_pointtwise` and
+`reduce_scatter_ring` (ours) take one tensor per group member and the
+member's device; member i's result must be on devices[i]. Groups of 1, 2,
+3, 5 and 8 members (odd sizes take the other branches of the chain and
+ring arithmetic).
 """
 
 import numpy as np
@@ -111,3 +112,18 @@ def test_alltoall(fn, n, split_axis, concat_axis):
     want = np.concatenate([np.split(v, n, axis=split_axis)[k]
                            for v in values], axis=concat_axis)
     np.testing.assert_array_equal(y, want, err_msg=f"member {k}")
+
+
+@pytest.mark.parametrize("split_axis", [0, 1])
+@pytest.mark.parametrize("reduction", sorted(NP_REDUCE))
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce_scatter_ring(n, reduction, split_axis):
+  values, tensors = _inputs(n, [2 * 15, 2 * 60] if n != 8 else [16, 8])
+  devices = _devices(n)
+  results = placement.reduce_scatter_ring(tensors, devices, split_axis,
+                                          reduction)
+  _check_placed(results, devices)
+  want = np.split(NP_REDUCE[reduction](np.stack(values), axis=0), n,
+                  axis=split_axis)
+  for k, result in enumerate(results):
+    np.testing.assert_allclose(result.numpy(), want[k], rtol=1e-6)

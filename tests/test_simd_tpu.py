@@ -134,6 +134,24 @@ def test_alltoall_keeps_float32():
   assert not any(op.type == "Cast" for op in ops)
 
 
+def test_reduce_scatter_is_xla_reduce_scatter_in_physical_ids():
+  impl = _tpu_impl("b:2;m:4", "", RING)
+
+  def program(x):
+    laid_out = mtf.mesh_impl.LaidOutTensor([x])
+    return impl.reduce_scatter(laid_out, 1, split_axis=1).one_slice
+
+  concrete = impl.trace_program(program, tf.TensorSpec([8, 8], tf.float32))
+  ops = concrete.graph.get_operations()
+  (scatter,) = [op for op in ops if op.type == "XlaReduceScatter"]
+  assert scatter.get_attr("T") == tf.float32
+  assert scatter.get_attr("reduce_op") == b"Add"
+  assert _const_input(scatter, 1) == _physical(
+      processors.processor_groups(impl.shape, [1]), RING)
+  assert concrete.outputs[0].shape == [8, 2]
+  assert not any(op.type in ("Cast", "CrossReplicaSum") for op in ops)
+
+
 def test_tpu_impl_has_no_control_dependencies_and_needs_a_strategy():
   impl = _tpu_impl("all:2", "batch:all", None)
   assert not impl.supports_control_dependencies

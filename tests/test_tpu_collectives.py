@@ -83,16 +83,32 @@ class LockstepPrimitives:
     return tf.concat([tf.split(xs[r], split_count, split_dimension)[k]
                       for r in group], concat_dimension)
 
+  def reduce_scatter(self, x, scatter_dimension, group_assignment,
+                     reduce_op):
+    me, xs = self._exchange(
+        x, ("reduce_scatter", scatter_dimension, reduce_op,
+            str(group_assignment)))
+    group = self._group(me, group_assignment)
+    fn = {"Add": tf.add_n, "Max": lambda v: tf.reduce_max(v, 0),
+          "Min": lambda v: tf.reduce_min(v, 0)}[reduce_op]
+    reduced = fn([xs[r] for r in group])
+    return tf.split(reduced, len(group), scatter_dimension)[group.index(me)]
+
   def collective_permute(self, x, source_target_pairs):
     me, xs = self._exchange(x, ("permute", str(source_target_pairs)))
     sources = [s for s, t in source_target_pairs if t == me]
     return xs[sources[0]] if sources else tf.zeros_like(x)
 
 
-def run_spmd(l2p, fn, **kwargs):
+class LockstepPrimitivesWithoutReduceScatter(LockstepPrimitives):
+  """Primitives of an older TPU runtime: no reduce-scatter."""
+  reduce_scatter = None
+
+
+def run_spmd(l2p, fn, primitives_class=LockstepPrimitives, **kwargs):
   """Runs fn(collectives, pnum) for every logical pnum; their results."""
   n = len(l2p)
-  primitives = LockstepPrimitives(n)
+  primitives = primitives_class(n)
   local = threading.local()
   collectives = tpu_collectives.TpuCollectives(
       l2p, lambda: tf.constant(local.pnum, tf.int32), primitives=primitives,
@@ -245,6 +261,35 @@ def test_all_reduce(dtype, reduction):
       np.testing.assert_array_equal(out[p], expected)
 
 
+@pytest.mark.parametrize("reduction", ["SUM", "MAX", "MIN"])
+@pytest.mark.parametrize(
+    "dtype", [tf.float32, tf.int32, tf.int64, tf.bool, tf.bfloat16],
+    ids=lambda d: d.name)
+@pytest.mark.parametrize("primitives_class", [
+    LockstepPrimitives, LockstepPrimitivesWithoutReduceScatter],
+                         ids=["xla", "without_reduce_scatter"])
+def test_reduce_scatter(dtype, reduction, primitives_class):
+  """Member k (in listed group order) gets block k of the reduction."""
+  xs = _inputs(dtype, [8, 3], seed=6)
+  if dtype.is_floating:
+    xs = [np.nan_to_num(x.astype(np.float64), posinf=7.0).astype(x.dtype)
+          for x in xs]
+  out = run_spmd(SHUFFLED, lambda c, p: c.reduce_scatter(
+      tf.constant(xs[p]), UNSORTED, reduction),
+                 primitives_class=primitives_class)
+  for p in range(8):
+    group = _group_of(p, UNSORTED)
+    reduced = _numpy_reduce([xs[m] for m in group], reduction, dtype)
+    expected = np.split(reduced, len(group))[group.index(p)]
+    assert out[p].dtype == expected.dtype
+    if dtype.is_floating and reduction == "SUM":
+      np.testing.assert_allclose(out[p].astype(np.float64),
+                                 expected.astype(np.float64),
+                                 rtol=2e-2 if dtype == tf.bfloat16 else 1e-6)
+    else:
+      np.testing.assert_array_equal(out[p], expected)
+
+
 def test_all_reduce_int_sums_are_exact_beyond_float_precision():
   big = [np.array([2**24 + 1 + p, -(2**30) + p], np.int32) for p in range(8)]
   huge = [np.array([2**55 + 2 * p + 1], np.int64) for p in range(8)]
@@ -387,6 +432,42 @@ def test_graph_moves_of_other_dtypes_travel_as_int32(dtype):
     assert op.get_attr("T") == tf.int32
   assert [o.dtype for o in outs] == [dtype] * 3
   assert [o.shape.as_list() for o in outs] == [[8, 3], [8, 3], [16, 3]]
+
+
+@pytest.mark.parametrize("groups", GROUPS, ids=GROUP_IDS)
+@pytest.mark.parametrize("l2p", [REVERSED, RING], ids=["reversed", "ring"])
+def test_graph_reduce_scatter_is_xla_reduce_scatter(groups, l2p):
+  def fn(c):
+    return (c.reduce_scatter(tf.zeros([8, 5]), groups, "SUM"),
+            c.reduce_scatter(tf.zeros([8, 5], tf.int32), groups, "MAX"))
+
+  graph, (f, i) = _build(fn, l2p)
+  ops = _ops(graph, "XlaReduceScatter")
+  assert [(op.get_attr("T"), op.get_attr("reduce_op")) for op in ops] == [
+      (tf.float32, b"Add"), (tf.int32, b"Max")]
+  for op in ops:
+    assert _const(op.inputs[1]) == _physical(groups, l2p)
+    assert _const(op.inputs[2]) == 0
+  assert not _ops(graph, "Cast") and not _ops(graph, "CrossReplicaSum")
+  assert f.op is ops[0] and i.op is ops[1]
+
+
+def test_graph_reduce_scatter_bfloat16_policy_and_other_dtypes():
+  def fn(c):
+    x = tf.zeros([8], tf.bfloat16)
+    return (c.reduce_scatter(x, ALONG_COLS, "SUM"),
+            c.reduce_scatter(x, ALL, "SUM"),
+            c.reduce_scatter(tf.zeros([8], tf.int64), ALL, "SUM"))
+
+  graph, outs = _build(fn, allreduce_in_bfloat16_max_group_size=4)
+  types = sorted((len(_const(op.inputs[1])[0]), op.get_attr("T").name)
+                 for op in _ops(graph, "XlaReduceScatter"))
+  assert types == [(4, "bfloat16"), (8, "float32")]
+  # int64: gathered exactly as int32 words, reduced and cut locally.
+  assert [op.get_attr("T") for op in _ops(graph, "CrossReplicaSum")] == [
+      tf.int32]
+  assert [o.shape.as_list() for o in outs] == [[2], [1], [1]]
+  assert [o.dtype for o in outs] == [tf.bfloat16, tf.bfloat16, tf.int64]
 
 
 def test_graph_permute_pairs_are_physical():

@@ -146,9 +146,9 @@ class GatherOperation(graph_lib.Operation):
       args[1] = impl.allconcat(args[1].to_laid_out_tensor(), mesh_axis,
                                shared_axis)
       partial = impl.slicewise(fn, *args, offset)
-      y = impl.allsplit(
-          impl.allreduce(partial, [mesh_axis], "SUM"), mesh_axis,
-          out_shape.dims.index(indices.shape[shared_axis]))
+      y = impl.reduce_scatter(
+          partial, mesh_axis,
+          out_shape.dims.index(indices.shape[shared_axis]), "SUM")
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 

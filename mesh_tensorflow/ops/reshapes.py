@@ -6,7 +6,12 @@ can change how the tensor is laid out, and then it communicates:
 
 - a mesh dimension that splits the old shape but not the new one: allconcat;
 - one that splits the new shape but not the old one: allsplit (local);
-- one that splits both at different positions: alltoall.
+- one that splits both at different positions: alltoall;
+- one the input is a pending sum over (a partial sum, e.g. from an einsum
+  that summed a split batch dimension) and that splits the new shape:
+  reduce_scatter, which sums and splits at once with half the bytes of
+  allreduce then allsplit. Other pending sums stay pending when the rest
+  of the reshape is local.
 
 Example on mesh "all:2": reshaping x[a=4, b=6] with rules "a:all" to
 y[c=24] with rules "c:all" is local (both split the outermost elements in
@@ -17,6 +22,7 @@ import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 
 
@@ -50,7 +56,7 @@ class ReshapeOperation(graph_lib.Operation):
       lowering.set_tensor_lowering(self._outputs[0], y)
       return
 
-    x = x.to_laid_out_tensor()
+    lazy = x if isinstance(x, mesh_impl_lib.LazyAllreduceSum) else None
     # `current` tracks, per old tensor axis, the mesh axis splitting it.
     current = list(impl.tensor_layout(old_shape))
     mesh_sizes = impl.shape.to_integer_list
@@ -80,6 +86,27 @@ class ReshapeOperation(graph_lib.Operation):
     concats = [a for a in changed
                if old_cumprod[a] is not None and new_cumprod[a] is None]
     split_after = []
+
+    if lazy is not None:
+      x, splits, pending = self._reduce_scatter_pending_sums(
+          impl, lazy, splits, splittable_old_axis, current)
+      if pending and not alltoalls and not concats and all(
+          a not in pending and splittable_old_axis(a) is not None
+          for a in splits):
+        # The rest is local and linear: the sum stays pending.
+        for mesh_axis in splits:
+          split_axis = splittable_old_axis(mesh_axis)
+          x = impl.allsplit(x, mesh_axis, split_axis)
+          current[split_axis] = mesh_axis
+        x = impl.slicewise(lambda s: tf.reshape(s, new_slice_shape), x)
+        lowering.set_tensor_lowering(
+            self._outputs[0], mesh_impl_lib.LazyAllreduceSum(
+                impl, x, pending, add_counter_fn=lazy.add_counter_fn))
+        return
+      if pending:
+        x = mesh_impl_lib.LazyAllreduceSum(
+            impl, x, pending, add_counter_fn=lazy.add_counter_fn)
+    x = x.to_laid_out_tensor()
 
     def try_split(mesh_axis):
       split_axis = splittable_old_axis(mesh_axis)
@@ -124,6 +151,35 @@ class ReshapeOperation(graph_lib.Operation):
     for mesh_axis in split_after:
       x = impl.allsplit(x, mesh_axis, list(new_layout).index(mesh_axis))
     lowering.set_tensor_lowering(self._outputs[0], x)
+
+  @staticmethod
+  def _reduce_scatter_pending_sums(impl, lazy, splits, splittable_old_axis,
+                                   current):
+    """Reduce-scatters the pending sums of `lazy` that the reshape splits.
+
+    A mesh axis the sum is pending over that newly splits an unsplit old
+    tensor axis is reduced and split at once (reduce_scatter), instead of
+    allreduced and then split: half the bytes. Updates `current`.
+
+    Returns:
+      (the partial sums after the reduce-scatters, or `lazy` itself if there
+      were none; the splits left to do; the mesh axes still pending).
+    """
+    scattered = []
+    x = lazy.laid_out_input
+    for mesh_axis in splits:
+      if mesh_axis not in lazy.mesh_axes:
+        continue
+      split_axis = splittable_old_axis(mesh_axis)
+      if split_axis is None:
+        continue
+      x = impl.reduce_scatter(x, mesh_axis, split_axis, "SUM")
+      current[split_axis] = mesh_axis
+      scattered.append(mesh_axis)
+    if not scattered:
+      return lazy, splits, []
+    return (x, [a for a in splits if a not in scattered],
+            [a for a in lazy.mesh_axes if a not in scattered])
 
 
 def reshape(x, new_shape, name=None):
