@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/lowering_scale.py
 	$(PY) benchmarks/random_programs.py
 	$(PY) benchmarks/transformer_step.py
+	$(PY) benchmarks/zero_memory.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
