@@ -68,8 +68,8 @@ def test_mlp_trains_to_the_same_weights_and_slots(mesh_shape, layout,
   assert np.prod(slice_shapes["adam/w1/adam_m"]) * n == unsharded
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph"])
-@pytest.mark.parametrize("sharding", ["update", "parameters"])
+@pytest.mark.parametrize("mode,sharding", [("eager", "update"),
+                                           ("graph", "parameters")])
 def test_mlp_in_eager_and_graph_mode(mode, sharding):
   mesh_shape, layout = "b:4;m:2", "batch:b;d_ff:m"
   want = sharding_training.train_variables(

@@ -82,8 +82,13 @@ def _np_halo(x, halo, wrap, right=True):
   return np.stack([padded[b * size:b * size + width] for b in range(blocks)])
 
 
+# Splitting "c" alone (all8_c) leaves the exchange local, the one-processor
+# path; the 2-D layouts split "c" together with "blocks".
 @pytest.mark.parametrize("mesh_shape,layout,mode",
-                         mtf_testing.layout_mode_params(["blocks", "c"]))
+                         mtf_testing.layout_mode_params(
+                             ["blocks", "c"],
+                             layouts=("1proc", "all8_blocks", "2d",
+                                      "2d_swapped")))
 def test_halo_exchange(mesh_shape, layout, mode):
   # Halos of less than, exactly and more than one block of 3 entries.
   def build(mesh, t):
