@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,auto_mtf]"
 	touch $(STAMP)
 
 # T5's MtfModel for tests/transformer/test_t5_client.py: pinned, with

@@ -64,6 +64,10 @@ setuptools.setup(
         "gin-config",
     ],
     extras_require={
+        # The layout search (mesh_tensorflow.auto_mtf) solves with CP-SAT.
+        # 9.15 crashes (segfault in CpSolver.solve) in a process that
+        # imported TensorFlow 2.21 first; 9.14 is the newest that does not.
+        "auto_mtf": ["ortools>=9.14,<9.15"],
         # setuptools and wheel: tests/test_wheel.py builds the wheel offline.
         "test": ["pytest", "pytest-xdist", "sentencepiece", "setuptools",
                  "wheel"],

@@ -472,8 +472,12 @@ class LayoutRules(_Immutable):
     return hash(frozenset(self._pairs))
 
   def __repr__(self):
-    return "LayoutRules({!r})".format(
-        ";".join(f"{t}:{m}" for t, m in self._pairs))
+    return "LayoutRules({!r})".format(self.to_string)
+
+  @property
+  def to_string(self):
+    """The rules as convert_to_layout_rules reads them: "batch:b;d_ff:m"."""
+    return ";".join(f"{t}:{m}" for t, m in self._pairs)
 
   def mesh_dimension_names(self):
     return sorted({m for _, m in self._pairs})

@@ -25,6 +25,13 @@ _API = json.loads(
 # Modules of the original checked here (the key is its name in the list).
 COVERED_MODULES = (
     "mesh_tensorflow",
+    "mesh_tensorflow.auto_mtf.api",
+    "mesh_tensorflow.auto_mtf.graph_interface",
+    "mesh_tensorflow.auto_mtf.layout_optimizer",
+    "mesh_tensorflow.auto_mtf.memory_estimator",
+    "mesh_tensorflow.auto_mtf.print_cp_model_solution",
+    "mesh_tensorflow.auto_mtf.scheduler",
+    "mesh_tensorflow.auto_mtf.valid_layouts",
     "mesh_tensorflow.beam_search",
     "mesh_tensorflow.layers",
     "mesh_tensorflow.optimize",

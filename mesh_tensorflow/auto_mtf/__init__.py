@@ -1,0 +1,19 @@
+"""Automatic layout: picks the layout rules (and mesh shape) of a graph.
+
+`layout(graph, mesh_shape, outputs)` returns the mtf.LayoutRules with the
+least peak memory per processor, as the original's auto_mtf did;
+`objective="time"` instead picks the least predicted step time whose peak
+fits `memory_budget`. `layout_and_mesh_shape` also chooses among the mesh
+shapes of a processor count. The search needs OR-tools (the `auto_mtf`
+extra); importing this package does not.
+"""
+
+from mesh_tensorflow.auto_mtf import api
+from mesh_tensorflow.auto_mtf import graph_interface
+from mesh_tensorflow.auto_mtf import layout_optimizer
+from mesh_tensorflow.auto_mtf import memory_estimator
+from mesh_tensorflow.auto_mtf import print_cp_model_solution
+from mesh_tensorflow.auto_mtf import scheduler
+from mesh_tensorflow.auto_mtf import valid_layouts
+from mesh_tensorflow.auto_mtf.api import layout
+from mesh_tensorflow.auto_mtf.api import layout_and_mesh_shape

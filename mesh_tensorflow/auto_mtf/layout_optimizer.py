@@ -1,0 +1,400 @@
+"""Chooses a layout by integer programming (OR-tools CP-SAT).
+
+A layout maps tensor-dimension names to mesh dimensions. As in the original,
+the variables are the names, not the tensors, which keeps the program small
+however large the graph:
+
+  x[d, m]  1 if tensor dimension d is split over mesh dimension m.
+  y[S][a]  for every set S of dimension names used together by an operation
+           or a tensor, and every allowed assignment a of S to mesh
+           dimensions: 1 if the x agree with a exactly.
+  z        the peak bytes per processor.
+
+Constraints: each d on at most one mesh dimension; no two names of one
+operation on the same mesh dimension; only assignments LayoutValidator
+allows (divisibility, splittability); exactly one y[S][.] per set, linked to
+the x both ways; and at every step of a memory-minimizing schedule, the
+bytes of the tensors in memory under the chosen assignments are at most z.
+
+Objectives:
+  "memory" (the original's): minimize z, ties going to more splitting.
+  "time" (new): minimize the predicted step time, the sum over operations of
+      cost_model.operation_cost under the operation's assignment priced by
+      machine.MachineConstants (compute and each collective), subject to
+      z <= memory_budget when one is given; ties going to more splitting.
+
+Changed from the original: OR-tools' current snake_case API; the peak-memory
+constraints are summed per dimension set (the bytes of a set's tensors
+divide alike under an assignment) and dominated steps are dropped, which
+keeps the program small for graphs of thousands of tensors; a solution is
+checked with LayoutValidator before it is returned; a budget no layout meets
+raises SolverError naming the budget and the smallest peak there is.
+"""
+
+import collections
+import itertools
+import logging
+import time
+
+from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.auto_mtf import print_cp_model_solution
+from mesh_tensorflow.auto_mtf import scheduler
+from mesh_tensorflow.auto_mtf import solver_backend
+
+OBJECTIVES = ("memory", "time")
+
+
+class SolverError(Exception):
+  """The solver found no layout, or none that meets the memory budget."""
+
+
+class LayoutOptimizer(object):
+  """Builds and solves the layout program for one graph and mesh.
+
+  Example:
+    estimator = memory_estimator.MemoryEstimator(mtf_graph, mesh_shape, [y])
+    optimizer = LayoutOptimizer(estimator)
+    layout = optimizer.solve()        # e.g. "batch:m1;d_ff:m2"
+    optimizer.evaluate_layout(layout)  # its peak bytes per processor
+  """
+
+  def __init__(self, memory_estimator, scheduler_alg="LIST",
+               objective="memory", memory_budget=None, machine=None,
+               max_search_seconds=60.0):
+    """Sets up the integer program.
+
+    Args:
+      memory_estimator: a memory_estimator.MemoryEstimator.
+      scheduler_alg: "LIST" or "NAIVE", see scheduler.minimize_peak_memory.
+      objective: "memory" (minimize peak memory, the original's) or "time"
+        (minimize predicted step time).
+      memory_budget: optional bytes per processor the peak must not exceed.
+      machine: for objective "time", a machine.MachineConstants (or
+        anything machine.machine_constants takes); None calibrates this
+        machine for the mesh (cached on disk).
+      max_search_seconds: the solver's time limit.
+
+    Raises:
+      ValueError: an unknown objective or a non-positive budget.
+      ImportError: OR-tools is not installed (pip install
+        mesh-tensorflow-tf2[auto_mtf]).
+    """
+    if objective not in OBJECTIVES:
+      raise ValueError(
+          f"objective must be one of {OBJECTIVES}, got {objective!r}.")
+    if memory_budget is not None and not memory_budget > 0:
+      raise ValueError(
+          f"memory_budget must be a positive number of bytes, got "
+          f"{memory_budget!r}.")
+    self._cp_model = solver_backend.cp_model_module()
+    self._estimator = memory_estimator
+    self._scheduler_alg = scheduler_alg
+    self._objective = objective
+    self._memory_budget = memory_budget
+    self._max_search_seconds = max_search_seconds
+    self._layout_validator = memory_estimator.get_layout_validator()
+    self._graph = memory_estimator.get_graph_interface()
+    self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
+    self._memory_contents = None
+    self._machine = None
+    self._step_costs = None
+    if objective == "time":
+      self._step_costs = _step_cost_table(
+          memory_estimator, self._layout_validator, machine)
+    self._model = self._cp_model.CpModel()
+    self._preprocess_input()
+    self._initialize_variables()
+    self._add_constraints()
+    self._build_objective_function()
+    self.build_seconds = None
+    self.solve_seconds = None
+
+  # ------------------------------------------------------------ the program
+
+  def _preprocess_input(self):
+    """Dimension sets of operations and tensors, and their assignments."""
+    splittable = self._layout_validator.splittable_mtf_dimension_names
+    graph = self._graph
+    self._operation_dimension_set = {
+        name: frozenset(
+            graph.get_operation_mtf_dimension_names(name) & splittable)
+        for name in graph.get_all_operation_names()}
+    self._tensor_dimension_set = {
+        name: frozenset(
+            set(graph.get_tensor_mtf_dimension_names(name)) & splittable)
+        for name in graph.get_all_tensor_names()}
+    self._operation_dimension_sets = set(
+        self._operation_dimension_set.values())
+    self._dimension_sets = self._operation_dimension_sets | set(
+        self._tensor_dimension_set.values())
+    self._assignments = {
+        dimension_set: [
+            a for a in _generate_assignments(dimension_set, self._mesh_sizes)
+            if self._allowed(a)]
+        for dimension_set in self._dimension_sets}
+
+  def _allowed(self, assignment):
+    return all(self._layout_validator.is_valid_assignment(d, m)
+               for d, m in assignment.items())
+
+  def _initialize_variables(self):
+    model = self._model
+    self._global_vars = {}
+    for d in sorted(self._layout_validator.splittable_mtf_dimension_names):
+      for m in self._mesh_sizes:
+        self._global_vars[(d, m)] = model.new_bool_var(_global_var_name(d, m))
+    self._local_vars = {}
+    for dimension_set in sorted(self._dimension_sets, key=sorted):
+      self._local_vars[dimension_set] = {
+          _local_var_name(dimension_set, a): model.new_bool_var(
+              _local_var_name(dimension_set, a))
+          for a in self._assignments[dimension_set]}
+    upper_bound = sum(
+        self._graph.get_tensor_size(t)
+        for t in self._graph.get_all_tensor_names()
+        if self._graph.is_tensor_on_canonical_device(t))
+    self._memory_var = model.new_int_var(0, max(upper_bound, 1), "z")
+
+  def _add_constraints(self):
+    model = self._model
+    x = self._global_vars
+    for m in self._mesh_sizes:
+      for dimension_set in self._operation_dimension_sets:
+        if len(dimension_set) > 1:
+          model.add(sum(x[(d, m)] for d in dimension_set) <= 1)
+    for d in self._layout_validator.splittable_mtf_dimension_names:
+      model.add(sum(x[(d, m)] for m in self._mesh_sizes) <= 1)
+      for m in self._mesh_sizes:
+        if not self._layout_validator.is_valid_assignment(d, m):
+          model.add(x[(d, m)] == 0)
+    for dimension_set in self._dimension_sets:
+      local = self._local_vars[dimension_set]
+      model.add_exactly_one(list(local.values()))
+      for assignment in self._assignments[dimension_set]:
+        y = local[_local_var_name(dimension_set, assignment)]
+        for d in dimension_set:
+          if d in assignment:
+            model.add_implication(y, x[(d, assignment[d])])
+          else:
+            for m in self._mesh_sizes:
+              model.add_implication(x[(d, m)], y.Not())
+    for bytes_by_set in self._memory_steps():
+      model.add(self._memory_expression(bytes_by_set) <= self._memory_var)
+    if self._memory_budget is not None:
+      model.add(self._memory_var <= int(self._memory_budget))
+
+  def _memory_expression(self, bytes_by_set):
+    """Bytes per processor of a step's tensors, as a linear expression."""
+    terms = []
+    for dimension_set, whole_bytes in bytes_by_set.items():
+      local = self._local_vars[dimension_set]
+      for assignment in self._assignments[dimension_set]:
+        size = -(-whole_bytes // _divisor(assignment, self._mesh_sizes))
+        terms.append(size * local[_local_var_name(dimension_set, assignment)])
+    return sum(terms)
+
+  def _memory_steps(self):
+    """Per schedule step, {dimension set: whole bytes of its tensors in
+    memory}; steps another step dominates are dropped."""
+    graph = self._graph
+    steps = set()
+    for contents in self._get_memory_contents():
+      totals = collections.Counter()
+      for t in contents:
+        if graph.is_tensor_on_canonical_device(t):
+          totals[self._tensor_dimension_set[t]] += graph.get_tensor_size(t)
+      steps.add(frozenset(totals.items()))
+    steps = [dict(s) for s in steps]
+    kept = []
+    for step in sorted(steps, key=lambda s: -sum(s.values())):
+      if not any(_dominates(other, step) for other in kept):
+        kept.append(step)
+    return kept
+
+  def _build_objective_function(self):
+    scale = len(self._layout_validator.splittable_mtf_dimension_names) + 1
+    splits = sum(self._global_vars.values())
+    if self._objective == "memory":
+      self._model.minimize(scale * self._memory_var - splits)
+      return
+    terms = []
+    for dimension_set, costs in self._step_costs.items():
+      local = self._local_vars[dimension_set]
+      for assignment in self._assignments[dimension_set]:
+        key = _local_var_name(dimension_set, assignment)
+        terms.append(_nanoseconds(costs[key]) * local[key])
+    self._model.minimize(scale * sum(terms) - splits)
+
+  def _get_memory_contents(self):
+    """The tensors in memory at each step of the schedule (computed once)."""
+    if self._memory_contents is None:
+      schedule = scheduler.minimize_peak_memory(self._graph,
+                                                self._scheduler_alg)
+      self._memory_contents = (
+          self._graph.compute_memory_contents_under_schedule(schedule))
+    return self._memory_contents
+
+  # ---------------------------------------------------------------- solving
+
+  def solve(self, print_solution=False):
+    """Solves the program and returns the layout, e.g. "a:m2;c:m1".
+
+    Args:
+      print_solution: also print every variable and the objective.
+
+    Raises:
+      SolverError: no layout was found, none meets the memory budget, or
+        the solver's layout fails validation.
+    """
+    cp_model = self._cp_model
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = self._max_search_seconds
+    solver.parameters.num_workers = 1  # deterministic among equal optima
+    start = time.perf_counter()
+    status = solver.solve(self._model)
+    self.solve_seconds = time.perf_counter() - start
+    self._cp_solver = solver
+    if status == cp_model.FEASIBLE:
+      logging.warning("auto_mtf: the solver stopped at its time limit (%.0f "
+                      "s); the layout may not be optimal.",
+                      self._max_search_seconds)
+    elif status != cp_model.OPTIMAL:
+      if status == cp_model.INFEASIBLE and self._memory_budget is not None:
+        raise self._budget_error()
+      raise SolverError(
+          f"the layout solver found no layout (status "
+          f"{solver.status_name(status)}).")
+    if print_solution:
+      print_cp_model_solution.print_solution(self._model, solver)
+    layout = {d: m for (d, m), var in self._global_vars.items()
+              if solver.value(var)}
+    self._layout_validator.validate_layout(
+        layout, self._operation_dimension_sets)
+    return _layout_string(layout)
+
+  def _budget_error(self):
+    """SolverError naming the budget and the smallest peak any layout
+    reaches."""
+    unbounded = LayoutOptimizer(self._estimator, self._scheduler_alg,
+                                objective="memory",
+                                max_search_seconds=self._max_search_seconds)
+    smallest_layout = unbounded.solve()
+    smallest = unbounded.evaluate_layout(smallest_layout)
+    return SolverError(
+        f"no layout fits memory_budget={int(self._memory_budget)} bytes per "
+        f"processor on mesh {_mesh_string(self._mesh_sizes)}; the smallest "
+        f"peak is {int(smallest)} bytes (layout {smallest_layout!r}): raise "
+        f"the budget or use more processors.")
+
+  # ------------------------------------------------------------- evaluating
+
+  def evaluate_layout(self, layout):
+    """The objective's value for `layout` (a "d:m;..." string, LayoutRules
+    or pairs): peak bytes per processor for "memory", predicted seconds per
+    step for "time". Unsplittable names are skipped with a warning."""
+    if self._objective == "time":
+      return self.evaluate_step_seconds(layout)
+    return self.evaluate_peak_memory(layout)
+
+  def evaluate_peak_memory(self, layout):
+    """Peak bytes per processor of `layout` under the schedule."""
+    layout = self._layout_dict(layout)
+    graph = self._graph
+    sizes = {}
+    for t in graph.get_all_tensor_names():
+      sizes[t] = (graph.get_tensor_size(t, layout, self._mesh_sizes)
+                  if graph.is_tensor_on_canonical_device(t) else 0)
+    return max((sum(sizes[t] for t in contents)
+                for contents in self._get_memory_contents()), default=0)
+
+  def evaluate_step_seconds(self, layout):
+    """Predicted seconds per step of `layout` (objective "time" only)."""
+    if self._step_costs is None:
+      raise ValueError(
+          "evaluate_step_seconds needs a LayoutOptimizer built with "
+          "objective='time'.")
+    layout = self._layout_dict(layout)
+    total = 0.0
+    for dimension_set, costs in self._step_costs.items():
+      assignment = {d: layout[d] for d in dimension_set if d in layout}
+      key = _local_var_name(dimension_set, assignment)
+      if key not in costs:
+        raise ValueError(f"layout {_layout_string(layout)!r} is not allowed: "
+                         f"assignment {key} of an operation is invalid.")
+      total += costs[key]
+    return total
+
+  def _layout_dict(self, layout):
+    splittable = self._layout_validator.splittable_mtf_dimension_names
+    result = {}
+    for d, m in shape_lib.convert_to_layout_rules(layout):
+      if d in splittable:
+        result[d] = m
+      else:
+        logging.warning("auto_mtf: skipping unsplittable dimension %s.", d)
+    return result
+
+
+# ------------------------------------------------------------- step costs
+
+
+def _step_cost_table(estimator, validator, machine):
+  """{operation dimension set: {local var name: predicted seconds}}: each
+  operation's cost under every allowed assignment of its dimension set,
+  summed over the operations sharing the set."""
+  # Imported here: the time objective's modules are not needed otherwise.
+  from mesh_tensorflow.auto_mtf import step_cost  # pylint: disable=g-import-not-at-top
+  return step_cost.cost_table(estimator, validator, machine)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _dominates(big, small):
+  return all(big.get(k, 0) >= v for k, v in small.items())
+
+
+def _divisor(assignment, mesh_sizes):
+  divisor = 1
+  for m in assignment.values():
+    divisor *= mesh_sizes[m]
+  return divisor
+
+
+def _nanoseconds(seconds):
+  return int(round(seconds * 1e9))
+
+
+def _layout_string(layout):
+  return ";".join(sorted(f"{d}:{m}" for d, m in layout.items()))
+
+
+def _mesh_string(mesh_sizes):
+  return ";".join(f"{m}:{s}" for m, s in mesh_sizes.items())
+
+
+def _global_var_name(splittable_dimension, mesh_dimension):
+  """Name of x[d, m]: "x_(d:m)"."""
+  return f"x_({splittable_dimension}:{mesh_dimension})"
+
+
+def _local_var_name(splittable_dimensions, assignment):
+  """Name of y[S][a]: "y_(" then S's names sorted, each with ":mesh" when
+  assigned, comma-separated, then ")"."""
+  parts = []
+  for d in sorted(splittable_dimensions):
+    parts.append(f"{d}:{assignment[d]}" if d in assignment else d)
+  return "y_(" + ",".join(parts) + ")"
+
+
+def _generate_assignments(splittable_dimensions, mesh_dimension_to_size):
+  """Every map of some of `splittable_dimensions` to distinct mesh
+  dimensions (a list of dicts; {} included)."""
+  assignments = []
+  dims = sorted(splittable_dimensions)
+  mesh = list(mesh_dimension_to_size)
+  for count in range(min(len(dims), len(mesh)) + 1):
+    for chosen in itertools.combinations(dims, count):
+      for targets in itertools.permutations(mesh, count):
+        assignments.append(dict(zip(chosen, targets)))
+  return assignments

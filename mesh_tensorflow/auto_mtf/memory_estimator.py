@@ -1,0 +1,54 @@
+"""Peak memory of an mtf graph, estimated from its mtf tensors.
+
+A lowered mtf operation may make several TF tensors, temporaries included,
+but the mtf tensors' per-processor sizes under a layout are a close, cheap
+stand-in that needs no lowering. `MemoryEstimator` bundles what the layout
+optimizer reads: a `LayoutValidator` (which assignments are allowed) and a
+`GraphInterface` (operations, tensors, sizes) with the graph's outputs
+marked final, so that the schedule never frees them.
+"""
+
+from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.auto_mtf import graph_interface
+from mesh_tensorflow.auto_mtf import valid_layouts
+
+
+class MemoryEstimator(object):
+  """Estimates the per-processor memory of an mtf graph under a layout.
+
+  Example:
+    estimator = MemoryEstimator(mtf_graph, mesh_shape, [loss])
+    validator = estimator.get_layout_validator()
+    graph = estimator.get_graph_interface()
+
+  Attributes:
+    mtf_graph: the mtf.Graph.
+    mesh_shape: the mesh's mtf.Shape.
+    mtf_outputs: the output mtf Tensors (kept in memory to the end).
+  """
+
+  def __init__(self, mtf_graph, mesh_shape, mtf_outputs=()):
+    """Args: an mtf.Graph, the mesh shape (mtf.Shape or spec), and an
+    optional iterable of the computation's output mtf Tensors."""
+    self.mtf_graph = mtf_graph
+    self.mesh_shape = shape_lib.convert_to_shape(mesh_shape)
+    self.mtf_outputs = tuple(mtf_outputs)
+    self._layout_validator = None
+    self._graph_interface = None
+
+  def get_layout_validator(self):
+    """The valid_layouts.LayoutValidator of the graph and mesh (made once)."""
+    if self._layout_validator is None:
+      self._layout_validator = valid_layouts.LayoutValidator(
+          self.mtf_graph, self.mesh_shape)
+    return self._layout_validator
+
+  def get_graph_interface(self):
+    """The graph_interface.GraphInterface of the graph, outputs final
+    (made once)."""
+    if self._graph_interface is None:
+      interface = graph_interface.GraphInterface(self.mtf_graph)
+      for output in self.mtf_outputs:
+        interface.set_tensor_final(output.name)
+      self._graph_interface = interface
+    return self._graph_interface

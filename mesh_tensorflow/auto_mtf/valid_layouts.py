@@ -1,0 +1,111 @@
+"""Which tensor dimensions may be split over which mesh dimensions.
+
+A layout assigns tensor-dimension names to mesh dimensions. An assignment is
+allowed when some operation does not refuse to split the dimension (its
+`unsplittable_dims`), the dimension is not anonymous (`_anonymous_<name>`,
+what `mtf.anonymous_shape` makes to keep a dimension whole), and every size
+the name takes anywhere in the graph is a multiple of the mesh dimension's
+size.
+
+Changed from the original: the greatest common divisor comes from
+`math.gcd` (the original's `fractions.gcd` is gone since Python 3.9), and
+`validate_layout` checks a whole layout, which the original never did
+before handing a chosen layout back.
+"""
+
+import math
+import re
+
+from mesh_tensorflow import errors
+from mesh_tensorflow import shape as shape_lib
+
+_ANONYMOUS = re.compile(r"_anonymous_")
+
+
+class LayoutValidator(object):
+  """Answers whether a tensor dimension may be assigned to a mesh dimension.
+
+  Example:
+    validator = LayoutValidator(mtf_graph, mtf.convert_to_shape("m1:4;m2:2"))
+    validator.splittable_mtf_dimension_names  # {"batch", "d_ff", ...}
+    validator.is_valid_assignment("batch", "m1")  # all sizes divisible by 4?
+  """
+
+  def __init__(self, mtf_graph, mesh_shape):
+    """Reads the graph's dimension names, sizes and splittability.
+
+    Args:
+      mtf_graph: an mtf.Graph.
+      mesh_shape: an mtf.Shape (or anything convert_to_shape takes).
+    """
+    mesh_shape = shape_lib.convert_to_shape(mesh_shape)
+    names = set()
+    unsplittable = set()
+    size_gcd = {}
+    for operation in mtf_graph.operations:
+      unsplittable.update(operation.unsplittable_dims)
+      for tensor in operation.outputs:
+        for dim in tensor.shape.dims:
+          size_gcd[dim.name] = math.gcd(size_gcd.get(dim.name, 0), dim.size)
+          if not _ANONYMOUS.match(dim.name):
+            names.add(dim.name)
+    self._splittable_mtf_dimension_names = names - unsplittable
+    self._mtf_dimension_name_to_size_gcd = size_gcd
+    self._mesh_dimension_name_to_size = {
+        d.name: d.size for d in mesh_shape.dims}
+
+  @property
+  def splittable_mtf_dimension_names(self):
+    """Set of tensor-dimension names a layout may assign."""
+    return self._splittable_mtf_dimension_names
+
+  @property
+  def mesh_dimension_name_to_size(self):
+    """{mesh dimension name: size}."""
+    return self._mesh_dimension_name_to_size
+
+  def is_valid_assignment(self, mtf_dimension_name, mesh_dimension_name):
+    """Whether `mtf_dimension_name` may be split over `mesh_dimension_name`:
+    it is splittable and every size it has is a multiple of the mesh
+    dimension's size."""
+    if mtf_dimension_name not in self._splittable_mtf_dimension_names:
+      return False
+    mesh_size = self._mesh_dimension_name_to_size[mesh_dimension_name]
+    return self._mtf_dimension_name_to_size_gcd[mtf_dimension_name] % (
+        mesh_size) == 0
+
+  def validate_layout(self, layout, operation_dimension_sets=()):
+    """Raises a LayoutError naming the first fault of `layout`.
+
+    Args:
+      layout: {tensor dimension name: mesh dimension name}.
+      operation_dimension_sets: iterable of sets of dimension names used
+        together by one operation; no two of a set may share a mesh
+        dimension.
+    """
+    for name, mesh_name in sorted(layout.items()):
+      if mesh_name not in self._mesh_dimension_name_to_size:
+        raise errors.LayoutError(
+            f"layout assigns {name!r} to mesh dimension {mesh_name!r}, which "
+            f"the mesh {sorted(self._mesh_dimension_name_to_size)} lacks.")
+      if not self.is_valid_assignment(name, mesh_name):
+        if name not in self._splittable_mtf_dimension_names:
+          reason = "an operation cannot lower it split, or it is unknown"
+        else:
+          reason = (f"its sizes share only the factor "
+                    f"{self._mtf_dimension_name_to_size_gcd[name]}, not a "
+                    f"multiple of {self._mesh_dimension_name_to_size[mesh_name]}")
+        raise errors.LayoutError(
+            f"layout assigns {name!r} to mesh dimension {mesh_name!r}: "
+            f"{reason}.")
+    for dimension_set in operation_dimension_sets:
+      used = {}
+      for name in sorted(dimension_set):
+        mesh_name = layout.get(name)
+        if mesh_name is None:
+          continue
+        if mesh_name in used:
+          raise errors.LayoutError(
+              f"layout splits both {used[mesh_name]!r} and {name!r} over mesh "
+              f"dimension {mesh_name!r}, but one operation uses both.")
+        used[mesh_name] = name
