@@ -32,6 +32,12 @@ ORIGINAL_TESTS_EXPECTED_TO_FAIL = {
     "testStackOperation": _SPLIT_STACK,
     "mesh_tensorflow/ops_test.py::OperationSplittabilityTest."
     "testUnstackOperation": _SPLIT_STACK,
+    "mesh_tensorflow/auto_mtf/layout_optimizer_test.py::OptimizeLayoutTest."
+    "testOptimizeLayoutUnsplittable": (
+        "the test makes dimensions unsplittable with unstack, whose "
+        "dimension is splittable here (see testUnstackOperation), so the "
+        "search splits them; tests/auto_mtf/test_layout_optimizer.py runs "
+        "the case with concat and pad, which cannot split theirs"),
     "mesh_tensorflow/ops_test.py::OperationSplittabilityTest."
     "testPoolOperation": (
         "ours pools a split spatial dimension when every slice holds whole "
