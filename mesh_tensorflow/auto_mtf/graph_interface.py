@@ -66,6 +66,7 @@ class GraphInterface(object):
         self._tensor_by_name[tensor.name] = tensor
         self._tensor_ids[tensor.name] = (i, j)
     self._final_tensor_names = set()
+    self._facts = {}
 
   # ------------------------------------------------------------ operations
 
@@ -113,7 +114,7 @@ class GraphInterface(object):
 
   def get_tensor_dtype(self, tensor_name):
     """The tensor's tf.DType."""
-    return tf.as_dtype(self._tensor(tensor_name).dtype)
+    return self._tensor_facts(tensor_name)[0]
 
   def get_tensor_shape(self, tensor_name):
     """The tensor's tf.TensorShape."""
@@ -124,10 +125,7 @@ class GraphInterface(object):
 
   def get_tensor_mtf_dimension_names(self, tensor_name):
     """The tensor's mtf dimension names (none for a tf tensor)."""
-    tensor = self._tensor(tensor_name)
-    if isinstance(tensor, graph_lib.Tensor):
-      return tensor.shape.dimension_names
-    return []
+    return list(self._tensor_facts(tensor_name)[2])
 
   def get_tensor_num_entries(self, tensor_name, partial_layout=None,
                              mesh_dimension_to_size=None):
@@ -139,9 +137,7 @@ class GraphInterface(object):
       mesh_dimension_to_size: {mesh dimension name: size}, needed with
         partial_layout.
     """
-    num_entries = 1
-    for dim in self.get_tensor_shape(tensor_name).as_list():
-      num_entries *= dim
+    num_entries = self._tensor_facts(tensor_name)[1]
     if not partial_layout:
       return num_entries
     for name in self.get_tensor_mtf_dimension_names(tensor_name):
@@ -256,6 +252,24 @@ class GraphInterface(object):
       for name in self.get_operation_input_names(op_name):
         readers[name] += 1
     return readers
+
+  def _tensor_facts(self, tensor_name):
+    """(tf.DType, number of entries, mtf dimension names) of a tensor,
+    computed once: the optimizer asks for them many times."""
+    facts = self._facts.get(tensor_name)
+    if facts is None:
+      tensor = self._tensor(tensor_name)
+      if isinstance(tensor, graph_lib.Tensor):
+        num_entries = tensor.shape.size
+        names = tuple(d.name for d in tensor.shape.dims)
+      else:
+        num_entries = 1
+        for dim in tensor.shape.as_list():
+          num_entries *= dim
+        names = ()
+      facts = (tf.as_dtype(tensor.dtype), num_entries, names)
+      self._facts[tensor_name] = facts
+    return facts
 
   def _operation(self, operation_name):
     try:

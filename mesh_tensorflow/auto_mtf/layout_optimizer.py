@@ -197,12 +197,16 @@ class LayoutOptimizer(object):
     """Per schedule step, {dimension set: whole bytes of its tensors in
     memory}; steps another step dominates are dropped."""
     graph = self._graph
+    tensor_bytes = {
+        t: graph.get_tensor_size(t)
+        for t in graph.get_all_tensor_names()
+        if graph.is_tensor_on_canonical_device(t)}
     steps = set()
     for contents in self._get_memory_contents():
       totals = collections.Counter()
       for t in contents:
-        if graph.is_tensor_on_canonical_device(t):
-          totals[self._tensor_dimension_set[t]] += graph.get_tensor_size(t)
+        if t in tensor_bytes:
+          totals[self._tensor_dimension_set[t]] += tensor_bytes[t]
       steps.add(frozenset(totals.items()))
     steps = [dict(s) for s in steps]
     kept = []

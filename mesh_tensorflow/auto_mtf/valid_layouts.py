@@ -109,3 +109,38 @@ class LayoutValidator(object):
               f"layout splits both {used[mesh_name]!r} and {name!r} over mesh "
               f"dimension {mesh_name!r}, but one operation uses both.")
         used[mesh_name] = name
+
+
+def enumerate_layouts(validator, operation_dimension_sets):
+  """Yields every valid layout as a "name:mesh;..." string (sorted names).
+
+  A layout is valid when each assignment passes
+  `validator.is_valid_assignment` and no two names of one set of
+  `operation_dimension_sets` share a mesh dimension. The empty layout
+  comes first. Benchmarks measure these to judge the search.
+  """
+  names = sorted(validator.splittable_mtf_dimension_names)
+  mesh_names = list(validator.mesh_dimension_name_to_size)
+  neighbours = {name: set() for name in names}
+  for dimension_set in operation_dimension_sets:
+    for name in dimension_set:
+      if name in neighbours:
+        neighbours[name].update(d for d in dimension_set if d != name)
+  options = {name: [m for m in mesh_names
+                    if validator.is_valid_assignment(name, m)]
+             for name in names}
+
+  def extend(index, layout):
+    if index == len(names):
+      yield ";".join(f"{d}:{m}" for d, m in sorted(layout.items()))
+      return
+    name = names[index]
+    yield from extend(index + 1, layout)
+    taken = {layout[d] for d in neighbours[name] if d in layout}
+    for mesh_name in options[name]:
+      if mesh_name not in taken:
+        layout[name] = mesh_name
+        yield from extend(index + 1, layout)
+        del layout[name]
+
+  yield from extend(0, {})
