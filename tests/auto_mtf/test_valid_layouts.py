@@ -66,3 +66,27 @@ def test_validate_layout_refuses_two_names_of_one_operation_on_one_mesh_dim():
   validator.validate_layout({"p": "x", "q": "x"}, [{"p"}, {"q"}])
   with pytest.raises(mtf.LayoutError, match="both 'p' and 'q'.*'x'"):
     validator.validate_layout({"p": "x", "q": "x"}, [{"p", "q"}])
+
+
+def test_enumerate_layouts_lists_every_valid_layout_once():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "p:4,q:4")
+  mtf.zeros(mesh, "r:2")
+  mtf.reduce_sum(x, output_shape="p:4")
+  validator = valid_layouts.LayoutValidator(graph, "x:2;y:4")
+  sets = [frozenset(op.outputs[0].shape.dimension_names) |
+          frozenset(n for t in op.inputs for n in t.shape.dimension_names)
+          for op in graph.operations]
+  layouts = list(valid_layouts.enumerate_layouts(validator, sets))
+  assert layouts[0] == ""
+  assert len(layouts) == len(set(layouts))
+  # p and q: each none, x or y, not both on one mesh dimension (7 pairs);
+  # r: none or x (its size 2 is not a multiple of y's 4).
+  assert len(layouts) == 7 * 2
+  assert "p:x;q:y;r:x" in layouts  # r never meets p or q
+  assert "p:x;q:x" not in layouts
+  assert not any("r:y" in l for l in layouts)
+  for layout in layouts:
+    validator.validate_layout(dict(
+        pair.split(":") for pair in layout.split(";") if pair), sets)
