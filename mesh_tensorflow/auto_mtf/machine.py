@@ -372,12 +372,14 @@ class _Plan:
   elementwise_sizes: tuple
   collective_sizes: tuple  # (elements of a slice, calls per program)
   runs: int  # Timed runs per measurement (median).
-  chain: int  # Element-wise ops per chain.
+  chain: int  # Element-wise ops per chain (large operands).
+  tiny_chain: int  # The same, for tiny operands (op overhead).
 
 _FULL = _Plan((256, 512, 1024), (1 << 18, 1 << 21),
-              ((256, 16), (1 << 16, 8), (1 << 19, 4)), runs=11, chain=16)
+              ((256, 16), (1 << 16, 8), (1 << 19, 4)), runs=11, chain=16,
+              tiny_chain=256)
 _QUICK = _Plan((256,), (1 << 16,), ((256, 4), (1 << 15, 2)), runs=3,
-               chain=8)
+               chain=8, tiny_chain=64)
 _TINY_ELEMENTS = 16  # An element-wise op this small costs its overhead.
 _SLICE_ROWS = 64  # Divisible by every group size used in practice.
 
@@ -391,6 +393,11 @@ def mesh_shape_of(mesh_shape):
     return shape_lib.Shape([shape_lib.Dimension(f"mesh_{i}", int(s))
                             for i, s in enumerate(mesh_shape)])
   return shape_lib.convert_to_shape(mesh_shape)
+
+
+def mesh_spec(mesh_shape):
+  """"b:2;m:4": the mesh as a layout-rules-style string."""
+  return ";".join(f"{d.name}:{d.size}" for d in mesh_shape_of(mesh_shape))
 
 
 def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
@@ -528,11 +535,13 @@ def _calibrate_compute(devices, plan):
   slowdown = max(1.0, num / concurrency)
 
   # Chains of element-wise ops, every device at once.
-  overhead = _elementwise_op_seconds(devices, _TINY_ELEMENTS, plan,
+  overhead = _elementwise_op_seconds(devices, _TINY_ELEMENTS,
+                                     plan.tiny_chain, plan.runs,
                                      rng) / slowdown
   byte_rates = []
   for size in plan.elementwise_sizes:
-    op = _elementwise_op_seconds(devices, size, plan, rng) / slowdown
+    op = _elementwise_op_seconds(devices, size, plan.chain, plan.runs,
+                                 rng) / slowdown
     nbytes = 3 * 4 * size  # Two float32 inputs read, one output written.
     byte_rates.append(nbytes / max(op - overhead, op / 2))
   return dict(flops_per_second=flops_per_second,
@@ -540,7 +549,7 @@ def _calibrate_compute(devices, plan):
               op_overhead_seconds=overhead, concurrency=concurrency)
 
 
-def _elementwise_op_seconds(devices, size, plan, rng):
+def _elementwise_op_seconds(devices, size, chain, runs, rng):
   """Seconds per element-wise op (2 float32 inputs of `size`, 1 output)
   while every device runs a dependent chain of them."""
   scale = [_on(d, np.full([size], 0.5, np.float32)) for d in devices]
@@ -552,14 +561,14 @@ def _elementwise_op_seconds(devices, size, plan, rng):
     for d, c, x in zip(devices, xs[:num], xs[num:]):
       with tf.device(d):
         y = x
-        for _ in range(plan.chain // 2):  # Alternate ops: nothing fuses.
+        for _ in range(chain // 2):  # Alternate ops: nothing fuses.
           y = tf.maximum(y * c, x)
         outs.append(y)
     return outs
 
   t = _median_seconds(tf.function(chains, autograph=False), scale + floor,
-                      plan.runs, _identity_program(2 * num))
-  return max(t, 1e-9) / (2 * (plan.chain // 2))
+                      runs, _identity_program(2 * num))
+  return max(t, 1e-9) / (2 * (chain // 2))
 
 
 def _collective_cases(shape):
@@ -637,32 +646,43 @@ def _placement_timer(impl, slice_shape, repeats, runs, rng):
 
 
 def _simd_timer(impl, slice_shape, repeats, runs, rng):
-  """Like _placement_timer, for a SimdMeshImpl (through its `run`)."""
+  """Like _placement_timer, for a SimdMeshImpl (through its `run`).
+
+  `run` keeps one traced program, so the program without the collectives
+  is timed once, not alternately.
+  """
   inputs = [tf.constant(rng.random(slice_shape, np.float32))
             for _ in range(repeats)]
 
   def identity(*xs):
     return list(xs)
 
+  base = _median_seconds(lambda *xs: impl.run(identity, *xs), inputs, runs)
+
   def run(kind, axes):
     def program(*xs):
       return [_apply_collective(impl, kind, axes,
                                 mesh_impl_lib.LaidOutTensor([x])).one_slice
               for x in xs]
-    return _median_seconds(lambda *xs: impl.run(program, *xs), inputs, runs,
-                           lambda *xs: impl.run(identity, *xs))
+    return _median_seconds(lambda *xs: impl.run(program, *xs), inputs,
+                           runs) - base
 
   return run
 
 
 def _fit_line(points):
   """(intercept, slope) >= 0 of t = a + b x over (x, t) points, least
-  squares on relative error."""
+  squares on relative error.
+
+  A time below 5% of the largest (a small size, or a measurement lost in
+  noise and clipped to 0) is weighted as if it were 5%, so that one such
+  point cannot decide the fit alone.
+  """
   x = np.array([p[0] for p in points], np.float64)
   t = np.array([p[1] for p in points], np.float64)
   if len(set(x.tolist())) < 2 or not np.any(t > 0):
     return float(np.median(t)), 0.0
-  w = 1.0 / np.maximum(t, 1e-9)
+  w = 1.0 / np.maximum(t, max(0.05 * float(np.max(t)), 1e-9))
   a = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
   (intercept, slope), *_ = np.linalg.lstsq(a, t * w, rcond=None)
   if slope < 0:
@@ -707,7 +727,7 @@ def cache_key(mesh_shape, devices, mesh_impl):
       "format": _CACHE_FORMAT,
       "devices": ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
       "num_processors": len(devices),
-      "mesh_shape": shape.to_string,
+      "mesh_shape": mesh_spec(shape),
       "mesh_impl": mesh_impl,
       "tensorflow": tf.__version__,
       "host_cpu": _host_cpu(),
