@@ -56,6 +56,7 @@ def mesh_arg(text):
 def main(argv=None):
   args = parse_args(argv)
   bench_util.configure_logical_cpus(args.devices)
+  # Imported after the logical CPUs are set, before TF's runtime starts.
   from mesh_tensorflow.auto_mtf import machine  # pylint: disable=g-import-not-at-top
   mesh = mesh_arg(args.mesh)
   start = time.perf_counter()

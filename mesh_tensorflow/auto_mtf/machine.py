@@ -382,6 +382,7 @@ _QUICK = _Plan((256,), (1 << 16,), ((256, 4), (1 << 15, 2)), runs=3,
                chain=8, tiny_chain=64)
 _TINY_ELEMENTS = 16  # An element-wise op this small costs its overhead.
 _SLICE_ROWS = 64  # Divisible by every group size used in practice.
+_SIMD_MAX_REPEATS = 2
 
 
 def mesh_shape_of(mesh_shape):
@@ -608,6 +609,8 @@ def _calibrate_collectives(impl, plan):
   cases = _collective_cases(impl.shape)
   points = {case: [] for case in cases}
   for elements, repeats in plan.collective_sizes:
+    if simd:  # Tracing a SIMD program grows with its calls: keep it short.
+      repeats = min(repeats, _SIMD_MAX_REPEATS)
     slice_shape = [_SLICE_ROWS, max(1, elements // _SLICE_ROWS)]
     slice_bytes = 4 * _SLICE_ROWS * slice_shape[1]
     timer = _simd_timer if simd else _placement_timer

@@ -253,7 +253,8 @@ def test_lowering_counters_use_the_formula():
 
 # SimdMeshImpl traces a program per case (about 0.5 s each): a smaller mesh.
 @pytest.mark.parametrize("mesh_impl,mesh_shape", [("placement", [2, 4]),
-                                                  ("simd", [2, 2])])
+                                                  ("simd", [2, 2])],
+                         ids=["placement_2x4", "simd_2x2"])
 def test_quick_calibration_gives_sane_constants(mesh_impl, mesh_shape):
   c = machine.calibrate(mesh_shape, mesh_impl=mesh_impl, quick=True)
   for value in (c.flops_per_second, c.elementwise_bytes_per_second,
