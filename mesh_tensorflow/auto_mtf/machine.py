@@ -12,8 +12,8 @@ Calibration times this project's own lowering: einsums and element-wise ops
 under tf.function on the mesh's devices, and each collective of the mesh
 implementation (PlacementMeshImpl or SimdMeshImpl) on laid-out tensors, for
 every mesh dimension, at a few sizes. A collective's wire bytes come from
-`mesh_impl.collective_wire_bytes`, the formula of the lowering's counters,
-so a cost model multiplying counted wire bytes by the fitted seconds per
+`collective_wire_bytes` (module mesh_impl), the formula of the lowering's
+counters, so a cost model multiplying counted wire bytes by the fitted seconds per
 wire byte predicts what the lowering will see.
 
 The compute constants are fitted so that `compute_seconds` is right for the
@@ -195,8 +195,8 @@ class MachineConstants:
       mesh_dimension_names: the mesh dimensions of its groups (a tuple of
         names, or one name); several mean one group over all of them.
       wire_bytes: its wire bytes summed over all processors, as
-        `mesh_impl.collective_wire_bytes` (the lowering's counters) counts
-        them.
+        `collective_wire_bytes` of module mesh_impl (the lowering's
+        counters) counts them.
 
     Returns:
       seconds: latency + wire_bytes x seconds per wire byte; 0 over no
