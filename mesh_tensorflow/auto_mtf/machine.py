@@ -13,8 +13,8 @@ under tf.function on the mesh's devices, and each collective of the mesh
 implementation (PlacementMeshImpl or SimdMeshImpl) on laid-out tensors, for
 every mesh dimension, at a few sizes. A collective's wire bytes come from
 `collective_wire_bytes` (module mesh_impl), the formula of the lowering's
-counters, so a cost model multiplying counted wire bytes by the fitted seconds per
-wire byte predicts what the lowering will see.
+counters, so a cost model multiplying counted wire bytes by the fitted
+seconds per wire byte predicts what the lowering will see.
 
 The compute constants are fitted so that `compute_seconds` is right for the
 calibrated mesh: every processor working at once, `concurrency` of them at
