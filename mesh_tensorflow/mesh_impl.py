@@ -26,6 +26,49 @@ from mesh_tensorflow import stateless_random
 from mesh_tensorflow import variable_store as variable_store_lib
 
 
+COLLECTIVE_KINDS = ("allreduce", "reduce_scatter", "allconcat", "alltoall",
+                    "receive")
+
+
+def collective_wire_bytes(kind, group_size, num_groups, slice_bytes,
+                          receivers=0):
+  """Wire bytes of one collective call, summed over all processors.
+
+  What a bandwidth-optimal algorithm sends for `num_groups` groups of
+  `group_size` members, each member holding a `slice_bytes` input: per
+  group, allreduce 2(n-1)/n s per member, reduce_scatter and alltoall
+  (n-1)/n s, allconcat (n-1) s, and receive s for each of the group's
+  `receivers` members that gets another member's slice. Every figure is an
+  exact integer (n members times (n-1)/n s is (n-1) s), and a
+  reduce_scatter plus the allconcat of its result has the wire bytes of
+  the allreduce it replaces. The lowering's counters
+  (`comm/<kind>/<mesh dims>/wire_bytes`) and the layout search's cost
+  model both use this formula.
+
+  Args:
+    kind: one of COLLECTIVE_KINDS.
+    group_size: n, the members of each group.
+    num_groups: how many groups take part (mesh size / n).
+    slice_bytes: s, bytes of one member's input slice.
+    receivers: receive only: members per group that get a slice.
+
+  Returns:
+    an int.
+  """
+  n, s = group_size, slice_bytes
+  per_group = {
+      "allreduce": 2 * (n - 1) * s,
+      "reduce_scatter": (n - 1) * s,
+      "alltoall": (n - 1) * s,
+      "allconcat": n * (n - 1) * s,
+      "receive": receivers * s,
+  }
+  if kind not in per_group:
+    raise ValueError(f"Unknown collective {kind!r}; expected one of "
+                     f"{list(COLLECTIVE_KINDS)}.")
+  return num_groups * per_group[kind]
+
+
 class LaidOutTensor:
   """The lowered value of an mtf Tensor: the slices this program holds.
 
@@ -425,40 +468,20 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
 
   def _count_collective(self, kind, mesh_axes, x, source_pcoord=None):
     """Counts one collective call, the bytes its inputs hold on all
-    processors together and its wire bytes (the same whichever
-    implementation lowers it).
-
-    Wire bytes are what a bandwidth-optimal algorithm sends, summed over
-    all processors, for groups of n members each holding s input bytes:
-    allreduce 2(n-1)/n s per member, reduce_scatter and alltoall
-    (n-1)/n s, allconcat (n-1) s, receive s per member receiving
-    another member's slice (by `source_pcoord`, receive's argument).
-    Every figure is an exact integer: there are size/n groups, so
-    size (n-1)/n s is (size/n) (n-1) s. Hence a reduce_scatter plus the
-    allconcat of its result has the wire bytes of the allreduce it
-    replaces.
-    """
+    processors together and its wire bytes (see `collective_wire_bytes`;
+    the same whichever implementation lowers it). `source_pcoord` is
+    receive's argument."""
     axes = "_".join(self._shape[a].name for a in mesh_axes) or "none"
     first = x.tensor_list[0]
     slice_bytes = first.dtype.size * first.shape.num_elements()
     n = shape_lib.list_product(self._shape[a].size for a in mesh_axes)
-    num_groups = self.size // n
     receivers = sum(1 for i, source in enumerate(source_pcoord or ())
                     if source is not None and source != i)
-    per_group = {
-        "allreduce": 2 * (n - 1) * slice_bytes,
-        "reduce_scatter": (n - 1) * slice_bytes,
-        "alltoall": (n - 1) * slice_bytes,
-        "allconcat": n * (n - 1) * slice_bytes,
-        "receive": receivers * slice_bytes,
-    }
-    if kind not in per_group:
-      raise ValueError(f"_count_collective: unknown collective {kind!r}; "
-                       f"expected one of {sorted(per_group)}.")
+    wire_bytes = collective_wire_bytes(kind, n, self.size // n, slice_bytes,
+                                       receivers)
     self._count(f"comm/{kind}/{axes}/calls", 1)
     self._count(f"comm/{kind}/{axes}/bytes", slice_bytes * self.size)
-    self._count(f"comm/{kind}/{axes}/wire_bytes",
-                num_groups * per_group[kind])
+    self._count(f"comm/{kind}/{axes}/wire_bytes", wire_bytes)
 
   # ------------------------------------------------------ backend members
 

@@ -1,0 +1,813 @@
+"""The machine's constants for the layout search's time objective.
+
+The time objective predicts a layout's step time from what it counts per
+processor (FLOPs, bytes of element-wise work, lowered ops, collectives by
+kind and mesh dimension, with their wire bytes) and from a few constants of
+the machine. This module holds those constants (`MachineConstants`),
+measures them on this machine (`calibrate`), caches the measurement on disk
+(`load_or_calibrate`) and accepts a user's own figures, e.g. a TPU pod's
+(`machine_constants`).
+
+Calibration times this project's own lowering: einsums and element-wise ops
+under tf.function on the mesh's devices, and each collective of the mesh
+implementation (PlacementMeshImpl or SimdMeshImpl) on laid-out tensors, for
+every mesh dimension, at a few sizes. A collective's wire bytes come from
+`collective_wire_bytes` (module mesh_impl), the formula of the lowering's
+counters, so a cost model multiplying counted wire bytes by the fitted
+seconds per wire byte predicts what the lowering will see.
+
+The compute constants are fitted so that `compute_seconds` is right for the
+calibrated mesh: every processor working at once, `concurrency` of them at
+full speed (on one host's logical CPUs, about the number of cores left free
+by intra-op parallelism; on a TPU pod, every processor).
+
+Example of a user's figures (JSON; `collectives` and its per-kind "*"
+defaults are optional, `default_collective` is used for what is missing):
+
+  {"flops_per_second": 1.2e14, "elementwise_bytes_per_second": 6e11,
+   "op_overhead_seconds": 2e-6, "concurrency": 256,
+   "default_collective": {"latency_seconds": 1e-5,
+                          "seconds_per_wire_byte": 1e-11},
+   "collectives": {"allreduce": {"x": [8e-6, 5e-12], "x,y": [1.5e-5, 5e-12]}}}
+"""
+
+import collections
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from mesh_tensorflow import mesh_impl as mesh_impl_lib
+from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import simd_mesh_impl
+
+COLLECTIVE_KINDS = mesh_impl_lib.COLLECTIVE_KINDS
+CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
+MESH_IMPLS = ("placement", "simd")
+_ANY_DIMS = ("*",)  # The key of a collective kind's default link.
+_CACHE_FORMAT = 1
+
+
+# ------------------------------------------------------------- constants
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkConstants:
+  """The time of one collective call: latency + wire bytes x per-byte cost.
+
+  Attributes:
+    latency_seconds: fixed time of one call.
+    seconds_per_wire_byte: time per wire byte, wire bytes summed over all
+      processors as the lowering's counters count them.
+  """
+  latency_seconds: float
+  seconds_per_wire_byte: float
+
+  def __post_init__(self):
+    _check_number(self.latency_seconds, "latency_seconds", positive=False)
+    _check_number(self.seconds_per_wire_byte, "seconds_per_wire_byte",
+                  positive=False)
+
+  def seconds(self, wire_bytes):
+    return self.latency_seconds + wire_bytes * self.seconds_per_wire_byte
+
+  def to_dict(self):
+    return {"latency_seconds": self.latency_seconds,
+            "seconds_per_wire_byte": self.seconds_per_wire_byte}
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineConstants:
+  """Constants of a machine for predicting step times.
+
+  Attributes:
+    flops_per_second: einsum/matmul FLOPs per second of one processor.
+    elementwise_bytes_per_second: bytes read plus written per second by
+      element-wise work of one processor.
+    op_overhead_seconds: fixed cost of one lowered per-processor TF op.
+    concurrency: how many processors compute at full speed at once (the
+      number of processors on a TPU pod; about 1-2 for logical CPUs sharing
+      2 cores).
+    default_collective: the LinkConstants of a collective whose kind and
+      mesh dimensions have no entry in `collectives`.
+    collectives: per collective kind (one of COLLECTIVE_KINDS), per mesh
+      dimension names (a tuple; ("*",) is the kind's default), a
+      LinkConstants. Given as a dict {kind: {dims: link}} or as a tuple of
+      (kind, dims, link) triples; stored as the latter, sorted. `dims`
+      may be a tuple or a comma-separated string ("b,m"); `link` a
+      LinkConstants, a (latency, per byte) pair or a dict.
+    source: free text saying where the figures come from.
+    calibration_seconds: wall time of the calibration (0 if given).
+  """
+  flops_per_second: float
+  elementwise_bytes_per_second: float
+  op_overhead_seconds: float
+  concurrency: float
+  default_collective: LinkConstants
+  collectives: tuple = ()
+  source: str = ""
+  calibration_seconds: float = 0.0
+
+  def __post_init__(self):
+    _check_number(self.flops_per_second, "flops_per_second")
+    _check_number(self.elementwise_bytes_per_second,
+                  "elementwise_bytes_per_second")
+    _check_number(self.op_overhead_seconds, "op_overhead_seconds",
+                  positive=False)
+    _check_number(self.concurrency, "concurrency")
+    _check_number(self.calibration_seconds, "calibration_seconds",
+                  positive=False)
+    object.__setattr__(self, "default_collective",
+                       _to_link(self.default_collective, "default_collective"))
+    object.__setattr__(self, "collectives",
+                       _normalize_collectives(self.collectives))
+    if not isinstance(self.source, str):
+      raise ValueError(f"MachineConstants field 'source' must be a string, "
+                       f"got {self.source!r}.")
+    object.__setattr__(self, "_links", {
+        (kind, frozenset(dims)): link
+        for kind, dims, link in self.collectives})
+
+  # ------------------------------------------------------------ predictions
+
+  def compute_seconds(self, flops, elementwise_bytes, num_ops,
+                      num_processors):
+    """Predicted time of per-processor work done by all processors at once.
+
+    Linear in (flops, elementwise_bytes, num_ops) for a fixed number of
+    processors, so that a layout's time is the sum over its operations.
+
+    Args:
+      flops: einsum/convolution FLOPs of one processor.
+      elementwise_bytes: bytes read and written by one processor's
+        element-wise work.
+      num_ops: lowered TF ops of one processor.
+      num_processors: processors doing this work at once (SPMD).
+
+    Returns:
+      seconds (float).
+    """
+    if num_processors < 1:
+      raise ValueError(f"compute_seconds: num_processors must be >= 1, got "
+                       f"{num_processors}.")
+    one = (num_ops * self.op_overhead_seconds +
+           flops / self.flops_per_second +
+           elementwise_bytes / self.elementwise_bytes_per_second)
+    return one * max(1.0, num_processors / self.concurrency)
+
+  def link(self, kind, mesh_dimension_names):
+    """The LinkConstants of collective `kind` over those mesh dimensions.
+
+    A measured or given entry for exactly those dimensions (in any order)
+    if there is one; else for one dimension the kind's default ("*"), then
+    `default_collective`; for several, the links of each dimension
+    combined (latencies add up, the slowest per-byte cost counts).
+    """
+    _check_kind(kind)
+    dims = _dims_tuple(mesh_dimension_names)
+    found = self._links.get((kind, frozenset(dims)))
+    if found is not None:
+      return found
+    if len(dims) > 1:
+      parts = [self.link(kind, (d,)) for d in dims]
+      return LinkConstants(
+          sum(p.latency_seconds for p in parts),
+          max(p.seconds_per_wire_byte for p in parts))
+    return self._links.get((kind, frozenset(_ANY_DIMS)),
+                           self.default_collective)
+
+  def collective_seconds(self, kind, mesh_dimension_names, wire_bytes):
+    """Predicted time of one collective call.
+
+    Args:
+      kind: one of COLLECTIVE_KINDS.
+      mesh_dimension_names: the mesh dimensions of its groups (a tuple of
+        names, or one name); several mean one group over all of them.
+      wire_bytes: its wire bytes summed over all processors, as
+        `collective_wire_bytes` of module mesh_impl (the lowering's
+        counters) counts them.
+
+    Returns:
+      seconds: latency + wire_bytes x seconds per wire byte; 0 over no
+      mesh dimension (no communication).
+    """
+    if not _dims_tuple(mesh_dimension_names):
+      _check_kind(kind)
+      return 0.0
+    return self.link(kind, mesh_dimension_names).seconds(wire_bytes)
+
+  # ---------------------------------------------------------- (de)serialize
+
+  def to_dict(self):
+    """A JSON-compatible dict; `from_dict` reads it back."""
+    collectives = {}
+    for kind, dims, link in self.collectives:
+      collectives.setdefault(kind, {})[",".join(dims)] = link.to_dict()
+    return {
+        "flops_per_second": self.flops_per_second,
+        "elementwise_bytes_per_second": self.elementwise_bytes_per_second,
+        "op_overhead_seconds": self.op_overhead_seconds,
+        "concurrency": self.concurrency,
+        "default_collective": self.default_collective.to_dict(),
+        "collectives": collectives,
+        "source": self.source,
+        "calibration_seconds": self.calibration_seconds,
+    }
+
+  @classmethod
+  def from_dict(cls, d):
+    """Reads `to_dict`'s form (or a user's, see the module docstring)."""
+    if not isinstance(d, dict):
+      raise ValueError(f"MachineConstants: expected a dict of fields, got "
+                       f"{type(d).__name__}.")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(names))
+    if unknown:
+      raise ValueError(f"MachineConstants: unknown field(s) {unknown}; "
+                       f"expected some of {names}.")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING]
+    for name in required:
+      if name not in d:
+        raise ValueError(f"MachineConstants: missing field {name!r} "
+                         f"(required: {required}).")
+    return cls(**d)
+
+  def to_json(self):
+    return json.dumps(self.to_dict(), sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text):
+    try:
+      d = json.loads(text)
+    except ValueError as e:
+      raise ValueError(f"MachineConstants: not valid JSON ({e}).") from None
+    return cls.from_dict(d)
+
+
+def machine_constants(value):
+  """A MachineConstants from a user's figures.
+
+  Args:
+    value: a MachineConstants, a dict of its fields, a JSON string of that
+      dict, or the path of a JSON file holding it.
+
+  Returns:
+    a MachineConstants.
+
+  Raises:
+    ValueError: naming the missing, unknown or invalid field, or the file
+      that does not exist.
+  """
+  if isinstance(value, MachineConstants):
+    return value
+  if isinstance(value, dict):
+    return MachineConstants.from_dict(value)
+  if isinstance(value, os.PathLike):
+    value = os.fspath(value)
+  if isinstance(value, str):
+    if value.lstrip().startswith("{"):
+      return MachineConstants.from_json(value)
+    if not os.path.isfile(value):
+      raise ValueError(f"machine_constants: {value!r} is neither JSON nor "
+                       "an existing file.")
+    with open(value) as f:
+      text = f.read()
+    try:
+      return MachineConstants.from_json(text)
+    except ValueError as e:
+      raise ValueError(f"machine_constants: file {value!r}: {e}") from None
+  raise TypeError(f"machine_constants: expected MachineConstants, dict, "
+                  f"JSON string or path, got {type(value).__name__}.")
+
+
+def _check_number(x, field, positive=True):
+  ok = (isinstance(x, (int, float, np.floating, np.integer)) and
+        not isinstance(x, bool) and math.isfinite(x) and
+        (x > 0 if positive else x >= 0))
+  if not ok:
+    need = "positive" if positive else "non-negative"
+    raise ValueError(f"MachineConstants field {field!r} must be a {need} "
+                     f"finite number, got {x!r}.")
+
+
+def _check_kind(kind):
+  if kind not in COLLECTIVE_KINDS:
+    raise ValueError(f"Unknown collective kind {kind!r}; expected one of "
+                     f"{list(COLLECTIVE_KINDS)}.")
+
+
+def _dims_tuple(names):
+  if isinstance(names, str):
+    names = [n for n in names.split(",") if n]
+  return tuple(names)
+
+
+def _to_link(value, field):
+  """A LinkConstants from a LinkConstants, a pair or a dict."""
+  if isinstance(value, LinkConstants):
+    return value
+  if isinstance(value, dict):
+    keys = ("latency_seconds", "seconds_per_wire_byte")
+    if set(value) != set(keys):
+      raise ValueError(f"MachineConstants field {field!r} needs exactly the "
+                       f"keys {list(keys)}, got {sorted(value)}.")
+    value = (value[keys[0]], value[keys[1]])
+  if isinstance(value, (list, tuple)) and len(value) == 2:
+    try:
+      return LinkConstants(*value)
+    except ValueError as e:
+      raise ValueError(f"MachineConstants field {field!r}: {e}") from None
+  raise ValueError(f"MachineConstants field {field!r} must be LinkConstants, "
+                   f"(latency_seconds, seconds_per_wire_byte) or a dict of "
+                   f"them, got {value!r}.")
+
+
+def _normalize_collectives(value):
+  """Sorted (kind, dims tuple, LinkConstants) triples."""
+  if isinstance(value, dict):
+    triples = []
+    for kind, per_dims in value.items():
+      if not isinstance(per_dims, dict):
+        raise ValueError(f"MachineConstants field 'collectives[{kind!r}]' "
+                         f"must map mesh dimension names to links, got "
+                         f"{per_dims!r}.")
+      triples.extend((kind, dims, link) for dims, link in per_dims.items())
+  else:
+    triples = list(value)
+  out = {}
+  for triple in triples:
+    kind, dims, link = triple
+    field = f"collectives[{kind!r}][{dims!r}]"
+    if kind not in COLLECTIVE_KINDS:
+      raise ValueError(f"MachineConstants field {field!r}: unknown "
+                       f"collective kind; expected one of "
+                       f"{list(COLLECTIVE_KINDS)}.")
+    dims = _dims_tuple(dims)
+    if not dims:
+      raise ValueError(f"MachineConstants field {field!r}: no mesh "
+                       "dimension names.")
+    out[(kind, dims)] = _to_link(link, field)
+  return tuple((k, d, out[(k, d)]) for k, d in sorted(out))
+
+
+# ----------------------------------------------------------- calibration
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """How much calibration measures."""
+  matmul_sizes: tuple
+  elementwise_sizes: tuple
+  collective_sizes: tuple  # (elements of a slice, calls per program)
+  runs: int  # Timed runs per measurement (median).
+  chain: int  # Element-wise ops per chain (large operands).
+  tiny_chain: int  # The same, for tiny operands (op overhead).
+
+_FULL = _Plan((256, 512, 1024), (1 << 18, 1 << 21),
+              ((256, 16), (1 << 16, 8), (1 << 19, 4)), runs=11, chain=16,
+              tiny_chain=256)
+_QUICK = _Plan((256,), (1 << 16,), ((256, 4), (1 << 15, 2)), runs=3,
+               chain=8, tiny_chain=64)
+_TINY_ELEMENTS = 16  # An element-wise op this small costs its overhead.
+_SLICE_ROWS = 64  # Divisible by every group size used in practice.
+_SIMD_MAX_REPEATS = 2
+
+
+def mesh_shape_of(mesh_shape):
+  """An mtf.Shape from a spec: "b:2;m:4", [(name, size)...], mtf.Shape, or a
+  list of sizes ([2, 4] names its dimensions mesh_0, mesh_1, as the
+  original's auto_mtf does)."""
+  if (isinstance(mesh_shape, (list, tuple)) and mesh_shape and
+      all(isinstance(s, (int, np.integer)) for s in mesh_shape)):
+    return shape_lib.Shape([shape_lib.Dimension(f"mesh_{i}", int(s))
+                            for i, s in enumerate(mesh_shape)])
+  return shape_lib.convert_to_shape(mesh_shape)
+
+
+def mesh_spec(mesh_shape):
+  """"b:2;m:4": the mesh as a layout-rules-style string."""
+  return ";".join(f"{d.name}:{d.size}" for d in mesh_shape_of(mesh_shape))
+
+
+def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
+  """Measures this machine's constants for a mesh.
+
+  Times, under tf.function on the mesh's devices: einsums of a few sizes
+  (median FLOP rate on one device; concurrency from the same einsum on one
+  device against on all at once), chains of element-wise ops on all devices
+  at once (op overhead and byte rate), and every collective of the mesh
+  implementation over every mesh dimension (and allreduce over all of
+  them) at a few sizes, fitting latency and seconds per wire byte (least
+  squares on relative error, clipped to >= 0). Each figure is the median
+  of several runs after a warm-up, less the same program without the work.
+
+  Args:
+    mesh_shape: the mesh, e.g. "b:2;m:4", [2, 4] or an mtf.Shape.
+    devices: one device per processor (default: as the mesh implementation
+      picks them).
+    mesh_impl: "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl).
+    quick: fewer sizes and runs (a few seconds; rougher figures).
+
+  Returns:
+    a MachineConstants.
+  """
+  start = time.perf_counter()
+  shape = mesh_shape_of(mesh_shape)
+  plan = _QUICK if quick else _FULL
+  with tf.init_scope():
+    if not tf.executing_eagerly():
+      raise RuntimeError(
+          "auto_mtf.machine.calibrate runs programs eagerly; call it outside "
+          "tf.compat.v1 graph mode, or pass measured constants "
+          "(machine_constants).")
+    impl = _make_mesh_impl(shape, devices, mesh_impl)
+    devices = impl.devices
+    compute = _calibrate_compute(devices, plan)
+    collectives = _calibrate_collectives(impl, plan)
+  links = [link for _, _, link in collectives]
+  default = LinkConstants(
+      statistics.median(l.latency_seconds for l in links),
+      statistics.median(l.seconds_per_wire_byte for l in links)) if links \
+      else LinkConstants(0.0, 0.0)
+  per_kind = collections.defaultdict(list)
+  for kind, dims, link in collectives:
+    if len(dims) == 1:
+      per_kind[kind].append(link)
+  for kind, kind_links in per_kind.items():
+    collectives.append((kind, _ANY_DIMS, LinkConstants(
+        statistics.median(l.latency_seconds for l in kind_links),
+        statistics.median(l.seconds_per_wire_byte for l in kind_links))))
+  seconds = time.perf_counter() - start
+  key = cache_key(shape, devices, mesh_impl)
+  return MachineConstants(
+      default_collective=default, collectives=tuple(collectives),
+      source=(f"calibrated{' (quick)' if quick else ''}: {mesh_impl} on "
+              f"{key['devices']}, mesh {key['mesh_shape']}, TensorFlow "
+              f"{key['tensorflow']}, {key['host_cpu']}"),
+      calibration_seconds=seconds, **compute)
+
+
+def _make_mesh_impl(shape, devices, mesh_impl):
+  if mesh_impl == "placement":
+    return placement_mesh_impl.PlacementMeshImpl(shape, "", devices)
+  if mesh_impl == "simd":
+    return simd_mesh_impl.SimdMeshImpl(shape, "", devices)
+  raise ValueError(f"calibrate: mesh_impl must be one of {list(MESH_IMPLS)}, "
+                   f"got {mesh_impl!r}.")
+
+
+def _median_seconds(fn, args, runs, base=None, warmup=2):
+  """Median wall time of fn(*args) (a tf.function: returns when done),
+  less that of base(*args) if given.
+
+  Calls of fn and base alternate and the median is of their differences,
+  so that load changing during the measurement cancels out.
+  """
+  for _ in range(warmup):
+    fn(*args)
+    if base is not None:
+      base(*args)
+  diffs = []
+  for i in range(runs):
+    pair = [fn] if base is None else ([fn, base] if i % 2 else [base, fn])
+    seconds = {}
+    for f in pair:
+      t = time.perf_counter()
+      f(*args)
+      seconds[id(f)] = time.perf_counter() - t
+    diffs.append(seconds[id(fn)] - (0.0 if base is None else
+                                    seconds[id(base)]))
+  return statistics.median(diffs)
+
+
+def _on(device, value):
+  with tf.device(device):
+    return tf.identity(tf.convert_to_tensor(value))
+
+
+def _identity_program(n):
+  return tf.function(lambda *xs: list(xs[:n]), autograph=False)
+
+
+def _calibrate_compute(devices, plan):
+  """flops_per_second, elementwise_bytes_per_second, op_overhead_seconds and
+  concurrency, fitted so that compute_seconds matches all devices working
+  at once."""
+  rng = np.random.default_rng(0)
+  num = len(devices)
+  einsum = tf.function(lambda a, b: tf.einsum("ij,jk->ik", a, b),
+                       autograph=False)
+  identity = _identity_program(1)
+  rates, one_device_seconds = [], {}
+  for n in plan.matmul_sizes:
+    a = _on(devices[0], rng.random((n, n), np.float32))
+    t = max(_median_seconds(einsum, [a, a], plan.runs, identity), 1e-9)
+    one_device_seconds[n] = t
+    rates.append(2.0 * n ** 3 / t)
+  flops_per_second = statistics.median(rates)
+
+  # The same einsum on every device at once.
+  n = plan.matmul_sizes[len(plan.matmul_sizes) // 2]
+  inputs = [_on(d, rng.random((n, n), np.float32)) for d in devices]
+
+  def all_einsums(*xs):
+    outs = []
+    for d, x in zip(devices, xs):
+      with tf.device(d):
+        outs.append(tf.einsum("ij,jk->ik", x, x))
+    return outs
+
+  t_all = max(_median_seconds(tf.function(all_einsums, autograph=False),
+                              inputs, plan.runs, _identity_program(num)),
+              1e-9)
+  concurrency = min(float(num), max(1.0, num * one_device_seconds[n] / t_all))
+  slowdown = max(1.0, num / concurrency)
+
+  # Chains of element-wise ops, every device at once.
+  overhead = _elementwise_op_seconds(devices, _TINY_ELEMENTS,
+                                     plan.tiny_chain, plan.runs,
+                                     rng) / slowdown
+  byte_rates = []
+  for size in plan.elementwise_sizes:
+    op = _elementwise_op_seconds(devices, size, plan.chain, plan.runs,
+                                 rng) / slowdown
+    nbytes = 3 * 4 * size  # Two float32 inputs read, one output written.
+    byte_rates.append(nbytes / max(op - overhead, op / 2))
+  return dict(flops_per_second=flops_per_second,
+              elementwise_bytes_per_second=statistics.median(byte_rates),
+              op_overhead_seconds=overhead, concurrency=concurrency)
+
+
+def _elementwise_op_seconds(devices, size, chain, runs, rng):
+  """Seconds per element-wise op (2 float32 inputs of `size`, 1 output)
+  while every device runs a dependent chain of them."""
+  scale = [_on(d, np.full([size], 0.5, np.float32)) for d in devices]
+  floor = [_on(d, rng.random([size], np.float32)) for d in devices]
+  num = len(devices)
+
+  def chains(*xs):
+    outs = []
+    for d, c, x in zip(devices, xs[:num], xs[num:]):
+      with tf.device(d):
+        y = x
+        for _ in range(chain // 2):  # Alternate ops: nothing fuses.
+          y = tf.maximum(y * c, x)
+        outs.append(y)
+    return outs
+
+  t = _median_seconds(tf.function(chains, autograph=False), scale + floor,
+                      runs, _identity_program(2 * num))
+  return max(t, 1e-9) / (2 * (chain // 2))
+
+
+def _collective_cases(shape):
+  """(kind, mesh axes) to measure: every kind on every mesh dimension of
+  size > 1, and allreduce over all of them."""
+  axes = [i for i, d in enumerate(shape.dims) if d.size > 1]
+  cases = [(kind, (a,)) for a in axes for kind in COLLECTIVE_KINDS]
+  if len(axes) > 1:
+    cases.append(("allreduce", tuple(axes)))
+  return cases
+
+
+def _apply_collective(impl, kind, axes, x):
+  if kind == "allreduce":
+    return impl.allreduce(x, list(axes), "SUM")
+  if kind == "reduce_scatter":
+    return impl.reduce_scatter(x, axes[0], 0)
+  if kind == "allconcat":
+    return impl.allconcat(x, axes[0], 0)
+  if kind == "alltoall":
+    return impl.alltoall(x, axes[0], 0, 0)
+  return impl.shift_by_n_processors(x, axes[0], 1, wrap=True)
+
+
+def _wire_bytes(impl, kind, axes, slice_bytes):
+  """Wire bytes of one call (the counters' formula)."""
+  n = shape_lib.list_product(impl.shape[a].size for a in axes)
+  receivers = n if kind == "receive" else 0  # A wrapping shift by one.
+  return mesh_impl_lib.collective_wire_bytes(kind, n, impl.size // n,
+                                             slice_bytes, receivers)
+
+
+def _calibrate_collectives(impl, plan):
+  """(kind, mesh dimension names, LinkConstants) for every case."""
+  rng = np.random.default_rng(1)
+  simd = isinstance(impl, simd_mesh_impl.SimdMeshImpl)
+  cases = _collective_cases(impl.shape)
+  points = {case: [] for case in cases}
+  for elements, repeats in plan.collective_sizes:
+    if simd:  # Tracing a SIMD program grows with its calls: keep it short.
+      repeats = min(repeats, _SIMD_MAX_REPEATS)
+    slice_shape = [_SLICE_ROWS, max(1, elements // _SLICE_ROWS)]
+    slice_bytes = 4 * _SLICE_ROWS * slice_shape[1]
+    timer = _simd_timer if simd else _placement_timer
+    run = timer(impl, slice_shape, repeats, plan.runs, rng)
+    for kind, axes in cases:
+      t = run(kind, axes) / repeats
+      points[(kind, axes)].append(
+          (_wire_bytes(impl, kind, axes, slice_bytes), max(t, 0.0)))
+  out = []
+  for (kind, axes), kind_points in points.items():
+    latency, per_byte = _fit_line(kind_points)
+    names = tuple(impl.shape[a].name for a in axes)
+    out.append((kind, names, LinkConstants(latency, per_byte)))
+  return out
+
+
+def _placement_timer(impl, slice_shape, repeats, runs, rng):
+  """run(kind, axes): seconds of `repeats` independent calls of a
+  collective on a PlacementMeshImpl, less the program without them."""
+  num = impl.size
+  inputs = [_on(impl.devices[p % num], rng.random(slice_shape, np.float32))
+            for p in range(repeats * num)]
+  base = _identity_program(len(inputs))
+
+  def run(kind, axes):
+    def program(*xs):
+      outs = []
+      for r in range(repeats):
+        x = mesh_impl_lib.LaidOutTensor(list(xs[r * num:(r + 1) * num]))
+        outs.extend(_apply_collective(impl, kind, axes, x).tensor_list)
+      return outs
+    return _median_seconds(tf.function(program, autograph=False), inputs,
+                           runs, base)
+
+  return run
+
+
+def _simd_timer(impl, slice_shape, repeats, runs, rng):
+  """Like _placement_timer, for a SimdMeshImpl (through its `run`).
+
+  `run` keeps one traced program, so the program without the collectives
+  is timed once, not alternately.
+  """
+  inputs = [tf.constant(rng.random(slice_shape, np.float32))
+            for _ in range(repeats)]
+
+  def identity(*xs):
+    return list(xs)
+
+  base = _median_seconds(lambda *xs: impl.run(identity, *xs), inputs, runs)
+
+  def run(kind, axes):
+    def program(*xs):
+      return [_apply_collective(impl, kind, axes,
+                                mesh_impl_lib.LaidOutTensor([x])).one_slice
+              for x in xs]
+    return _median_seconds(lambda *xs: impl.run(program, *xs), inputs,
+                           runs) - base
+
+  return run
+
+
+def _fit_line(points):
+  """(intercept, slope) >= 0 of t = a + b x over (x, t) points, least
+  squares on relative error.
+
+  A time below 5% of the largest (a small size, or a measurement lost in
+  noise and clipped to 0) is weighted as if it were 5%, so that one such
+  point cannot decide the fit alone.
+  """
+  x = np.array([p[0] for p in points], np.float64)
+  t = np.array([p[1] for p in points], np.float64)
+  if len(set(x.tolist())) < 2 or not np.any(t > 0):
+    return float(np.median(t)), 0.0
+  w = 1.0 / np.maximum(t, max(0.05 * float(np.max(t)), 1e-9))
+  a = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+  (intercept, slope), *_ = np.linalg.lstsq(a, t * w, rcond=None)
+  if slope < 0:
+    return float(np.median(t)), 0.0
+  if intercept < 0:
+    return 0.0, float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
+  return float(intercept), float(slope)
+
+
+# ----------------------------------------------------------------- cache
+
+
+def default_cache_dir():
+  """$MTF_AUTO_MTF_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, under
+  mesh_tensorflow/auto_mtf."""
+  if os.environ.get(CACHE_DIR_ENV):
+    return os.environ[CACHE_DIR_ENV]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "mesh_tensorflow", "auto_mtf")
+
+
+def _host_cpu():
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown"
+
+
+def cache_key(mesh_shape, devices, mesh_impl):
+  """What the constants depend on: device kinds and count, the mesh, the
+  mesh implementation, TensorFlow's version and the host's CPU."""
+  shape = mesh_shape_of(mesh_shape)
+  kinds = collections.Counter(
+      (tf.DeviceSpec.from_string(d).device_type or "?").upper()
+      for d in sorted(set(devices)))
+  return {
+      "format": _CACHE_FORMAT,
+      "devices": ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
+      "num_processors": len(devices),
+      "mesh_shape": mesh_spec(shape),
+      "mesh_impl": mesh_impl,
+      "tensorflow": tf.__version__,
+      "host_cpu": _host_cpu(),
+      "host_cores": os.cpu_count(),
+  }
+
+
+def cache_path(mesh_shape, devices=None, mesh_impl="placement",
+               cache_dir=None):
+  """The cache file of this machine and mesh."""
+  shape = mesh_shape_of(mesh_shape)
+  if devices is None:
+    devices = placement_mesh_impl.default_devices(shape.size)
+  key = cache_key(shape, list(devices), mesh_impl)
+  digest = hashlib.sha256(
+      json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+  return os.path.join(cache_dir or default_cache_dir(),
+                      f"machine_{digest}.json")
+
+
+def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
+                      cache_dir=None, refresh=False):
+  """The cached constants of this machine and mesh, else calibrates.
+
+  Args:
+    mesh_shape: the mesh, e.g. "b:2;m:4", [2, 4] or an mtf.Shape.
+    devices: one device per processor (default: the mesh implementation's).
+    mesh_impl: "placement" or "simd".
+    cache_dir: where the cache lives (default: `default_cache_dir()`).
+    refresh: measure again even if cached.
+
+  Returns:
+    a MachineConstants. A new measurement is written atomically; a corrupt
+    cache file is measured again with a warning.
+  """
+  if mesh_impl not in MESH_IMPLS:
+    raise ValueError(f"load_or_calibrate: mesh_impl must be one of "
+                     f"{list(MESH_IMPLS)}, got {mesh_impl!r}.")
+  shape = mesh_shape_of(mesh_shape)
+  if devices is None:
+    devices = placement_mesh_impl.default_devices(shape.size)
+  devices = list(devices)
+  key = cache_key(shape, devices, mesh_impl)
+  path = cache_path(shape, devices, mesh_impl, cache_dir)
+  if not refresh and os.path.exists(path):
+    try:
+      with open(path) as f:
+        entry = json.load(f)
+      if entry.get("key") == key:
+        return MachineConstants.from_dict(entry["constants"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      message = (f"auto_mtf: machine constants cache {path} is unreadable "
+                 f"({e}); measuring again.")
+      warnings.warn(message)
+      logging.warning(message)
+  constants = calibrate(shape, devices, mesh_impl)
+  try:
+    _write_atomically(path, json.dumps(
+        {"key": key, "constants": constants.to_dict()}, sort_keys=True,
+        indent=1))
+  except OSError as e:
+    logging.warning("auto_mtf: could not cache machine constants in %s: %s",
+                    path, e)
+  return constants
+
+
+def _write_atomically(path, text):
+  directory = os.path.dirname(path)
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".machine_", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
