@@ -26,6 +26,33 @@ from mesh_tensorflow import stateless_random
 from mesh_tensorflow import variable_store as variable_store_lib
 
 
+def collective_wire_bytes(kind, group_size, num_groups, slice_bytes,
+                          receivers=0):
+  """The wire bytes of one collective, summed over all processors.
+
+  What a bandwidth-optimal algorithm sends for `num_groups` groups of
+  `group_size` members each holding `slice_bytes` input bytes: allreduce
+  2(n-1)/n s per member, reduce_scatter and alltoall (n-1)/n s, allconcat
+  (n-1) s, receive s per member receiving another member's slice
+  (`receivers` such members per group). Exact integers: a group of n
+  members sends n times the per-member figure. The lowering's counters
+  (`MeshImpl._count_collective`) and the layout search's cost model
+  (`auto_mtf.cost_model`) both use this.
+  """
+  n = group_size
+  per_group = {
+      "allreduce": 2 * (n - 1) * slice_bytes,
+      "reduce_scatter": (n - 1) * slice_bytes,
+      "alltoall": (n - 1) * slice_bytes,
+      "allconcat": n * (n - 1) * slice_bytes,
+      "receive": receivers * slice_bytes,
+  }
+  if kind not in per_group:
+    raise ValueError(f"Unknown collective {kind!r}; expected one of "
+                     f"{sorted(per_group)}.")
+  return num_groups * per_group[kind]
+
+
 class LaidOutTensor:
   """The lowered value of an mtf Tensor: the slices this program holds.
 
@@ -428,37 +455,22 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     processors together and its wire bytes (the same whichever
     implementation lowers it).
 
-    Wire bytes are what a bandwidth-optimal algorithm sends, summed over
-    all processors, for groups of n members each holding s input bytes:
-    allreduce 2(n-1)/n s per member, reduce_scatter and alltoall
-    (n-1)/n s, allconcat (n-1) s, receive s per member receiving
-    another member's slice (by `source_pcoord`, receive's argument).
-    Every figure is an exact integer: there are size/n groups, so
-    size (n-1)/n s is (size/n) (n-1) s. Hence a reduce_scatter plus the
-    allconcat of its result has the wire bytes of the allreduce it
+    Wire bytes are `collective_wire_bytes` of the call (source_pcoord,
+    receive's argument, gives its receivers). Hence a reduce_scatter plus
+    the allconcat of its result has the wire bytes of the allreduce it
     replaces.
     """
     axes = "_".join(self._shape[a].name for a in mesh_axes) or "none"
     first = x.tensor_list[0]
     slice_bytes = first.dtype.size * first.shape.num_elements()
     n = shape_lib.list_product(self._shape[a].size for a in mesh_axes)
-    num_groups = self.size // n
     receivers = sum(1 for i, source in enumerate(source_pcoord or ())
                     if source is not None and source != i)
-    per_group = {
-        "allreduce": 2 * (n - 1) * slice_bytes,
-        "reduce_scatter": (n - 1) * slice_bytes,
-        "alltoall": (n - 1) * slice_bytes,
-        "allconcat": n * (n - 1) * slice_bytes,
-        "receive": receivers * slice_bytes,
-    }
-    if kind not in per_group:
-      raise ValueError(f"_count_collective: unknown collective {kind!r}; "
-                       f"expected one of {sorted(per_group)}.")
+    wire_bytes = collective_wire_bytes(kind, n, self.size // n, slice_bytes,
+                                       receivers)
     self._count(f"comm/{kind}/{axes}/calls", 1)
     self._count(f"comm/{kind}/{axes}/bytes", slice_bytes * self.size)
-    self._count(f"comm/{kind}/{axes}/wire_bytes",
-                num_groups * per_group[kind])
+    self._count(f"comm/{kind}/{axes}/wire_bytes", wire_bytes)
 
   # ------------------------------------------------------ backend members
 
