@@ -41,11 +41,13 @@ for an operation, every name its cost can depend on.
 
 `graph_cost` equals the lowering's counters (calls and wire bytes per kind
 and mesh dimensions) for the operations modelled here; see
-tests/auto_mtf/test_cost_model.py. Not modelled (costed as slicewise work
-without collectives): while loops, top_k, cumsum, stacking, slicing and
-concatenation, pooling, random ops with split dimensions, and the
-export collectives of summaries on SimdMeshImpl (the placement
-implementation has none; the prediction follows it).
+tests/auto_mtf/test_cost_model.py. Modelled without a check against
+the lowering: top_k, cumsum and unstack over a split dimension, and
+convolutions (their pending sums: summed-over split dimensions of their
+inputs). Not modelled (costed as slicewise work without collectives):
+while loops and the export collectives of summaries of split tensors on
+SimdMeshImpl (the placement implementation has none; the prediction
+follows it).
 """
 
 import dataclasses
@@ -592,35 +594,29 @@ class _ScatterAdd(_Rule):
 
 
 class _Conv(_Rule):
-  """Convolutions: FLOPs of the direct algorithm; the filter gradient is a
-  pending sum over the mesh dimensions of the batch and spatial dims."""
+  """Convolutions and their gradients: FLOPs of the direct algorithm (2 x
+  the larger of image and output slice elements x filter elements per
+  output channel); a split channel (batch, for the filter gradient) that
+  is summed over leaves a pending sum."""
 
   may_pend = True
 
   def run(self, info, ctx):
     layout = ctx.layout
     op = info.op
-    kind = type(op).__name__
-    nbytes = _io_bytes(info, layout)
-    # FLOPs: 2 x output elements x (filter elements / output channels),
-    # per processor, for every variant (the backprops cost the same).
-    filt = next((d for d in info.in_dims if len(d) >= 3 and
-                 d is not info.in_dims[0]), None)
-    out = info.out_dims[0]
+    filt = [d for d in info.in_dims if len(d) == op._rank + 2]  # pylint: disable=protected-access
+    sides = [d for d in info.in_dims + info.out_dims
+             if len(d) != op._rank + 2]  # pylint: disable=protected-access
     flops = 0
-    if filt is not None:
-      big = max([info.in_dims[0], out], key=len)
-      ref = out if "Filter" not in kind else info.in_dims[0]
-      del big
-      per_out = math.prod(s for _, s in filt[:-1])
-      flops = 2 * layout.slice_elements(ref) * per_out
-    pending = ()
-    if "Filter" in kind:
-      out_names = {n for n, _ in out}
-      pending = layout.sort(
-          layout.mesh_dim(n) for n, _ in info.in_dims[0]
-          if n not in out_names and layout.mesh_dim(n) is not None)
-    return _Result([pending], flops=flops, elementwise_bytes=nbytes)
+    if filt and sides:
+      per_out = math.prod(s for _, s in filt[0][:-1])
+      flops = 2 * per_out * max(layout.slice_elements(d) for d in sides)
+    out_names = {n for n, _ in info.out_dims[0]}
+    pending = layout.sort(
+        layout.mesh_dim(n) for dims in info.in_dims for n, _ in dims
+        if n not in out_names and layout.mesh_dim(n) is not None)
+    return _Result([pending], flops=flops,
+                   elementwise_bytes=_io_bytes(info, layout))
 
 
 class _Reshape(_Rule):
@@ -747,6 +743,61 @@ class _Reshape(_Rule):
     return _Result([()], collectives, elementwise_bytes=nbytes), keeps
 
 
+class _TopK(_Rule):
+  """top_k over a split dimension: each block's top k, all-concatenated
+  (values and indices), then merged."""
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    op = info.op
+    dims = info.in_dims[0]
+    reduced = op.reduced_dim.name
+    m = layout.mesh_dim(reduced)
+    collectives = []
+    if m is not None:
+      block_k = min(op._k, op.reduced_dim.size // layout.sizes[m])  # pylint: disable=protected-access
+      rest = layout.slice_elements([d for d in dims if d[0] != reduced])
+      for itemsize in info.out_itemsize:
+        collectives.append(_collective(layout, "allconcat", (m,),
+                                       rest * block_k * itemsize))
+    return _Result([()] * len(info.outputs), collectives,
+                   elementwise_bytes=_io_bytes(info, layout))
+
+
+class _Cumsum(_Rule):
+  """cumsum along a split dimension: block totals all-concatenated."""
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    dims = info.in_dims[0]
+    name = info.op._dim.name  # pylint: disable=protected-access
+    m = layout.mesh_dim(name)
+    collectives = []
+    if m is not None:
+      sizes = layout.slice_sizes(dims)
+      sizes[[n for n, _ in dims].index(name)] = 1
+      collectives.append(_collective(
+          layout, "allconcat", (m,), math.prod(sizes) * info.in_itemsize[0]))
+    return _Result([()], collectives,
+                   elementwise_bytes=_io_bytes(info, layout))
+
+
+class _Unstack(_Rule):
+  """unstack along a split dimension all-concatenates it first."""
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    dims = info.in_dims[0]
+    m = layout.mesh_dim(info.op._dim.name)  # pylint: disable=protected-access
+    collectives = []
+    if m is not None:
+      collectives.append(_collective(
+          layout, "allconcat", (m,),
+          _slice_bytes(layout, dims, info.in_itemsize[0])))
+    return _Result([()] * len(info.outputs), collectives,
+                   elementwise_bytes=_io_bytes(info, layout))
+
+
 class _Summary(_Rule):
   """scalar_summary: exports (reduces) its input, passes it on."""
 
@@ -774,6 +825,9 @@ _RULES = {
     "Conv2dTransposeOperation": _Conv(),
     "Conv3dTransposeOperation": _Conv(),
     "ScalarSummaryOperation": _Summary(),
+    "TopKOperation": _TopK(),
+    "CumsumOperation": _Cumsum(),
+    "UnstackOperation": _Unstack(),
     "Variable": _NoWork(),
     "StackedVariable": _NoWork(),
     "Constant": _NoWork(),
