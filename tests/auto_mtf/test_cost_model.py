@@ -210,19 +210,23 @@ def test_cases_cover_every_kind_of_collective():
                    "receive"}
 
 
-def test_graph_cost_is_the_sum_of_operation_costs():
-  case = _CASES[5]  # The 2-D Transformer.
+@pytest.mark.parametrize("case", [c for c in _CASES if c[0] == "lm"],
+                         ids=[_case_id(c) for c in _CASES if c[0] == "lm"])
+def test_graph_cost_is_the_sum_of_operation_costs(case):
+  """Each operation costed alone, from the names `cost_dimension_names`
+  lists (as the layout search sees it), adds up to the graph's cost."""
   graph, _ = _lowered(case, "placement")
   sizes = {d.name: d.size for d in mtf.convert_to_shape(case[1])}
   rules = mtf.convert_to_layout_rules(case[2])
   total = cost_model.OperationCost.zero()
   for op in graph.operations:
     names = cost_model.cost_dimension_names(op)
+    own = {d.name for t in op.inputs + op.outputs for d in t.shape}
+    assert own <= names
     assignment = {n: rules.mesh_dimension_for(n) for n in names
                   if rules.mesh_dimension_for(n) in sizes}
     total += cost_model.operation_cost(op, assignment, sizes)
-  whole = cost_model.graph_cost(graph, case[1], case[2]).total
-  assert total == whole
+  assert total == cost_model.graph_cost(graph, case[1], case[2]).total
 
 
 def _einsum_graph():
