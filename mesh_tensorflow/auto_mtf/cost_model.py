@@ -248,14 +248,19 @@ def _with_internal_operations(operations):
       yield from _with_internal_operations(internal)
 
 
-_FACTS = {}
+# The facts of the graphs costed last (a few: a search costs one graph).
+_FACTS = []
+_MAX_GRAPHS = 4
 
 
 def _facts(graph):
-  facts = _FACTS.get(id(graph))
-  if (facts is None or facts.graph is not graph or
-      facts.num_operations != len(graph.operations)):
-    facts = _FACTS[id(graph)] = _GraphFacts(graph)
+  for facts in _FACTS:
+    if facts.graph is graph and facts.num_operations == len(
+        graph.operations):
+      return facts
+  facts = _GraphFacts(graph)
+  _FACTS[:] = [f for f in _FACTS if f.graph is not graph][-(_MAX_GRAPHS - 1):]
+  _FACTS.append(facts)
   return facts
 
 
@@ -490,6 +495,23 @@ class _Identity(_Rule):
 
   def run(self, info, ctx):
     return _Result([ctx.state(info, 0)], num_ops=0)
+
+  def keeps_pending(self, info, index, pending, ctx):
+    return True
+
+
+class _Depend(_Rule):
+  """depend: passes input 0 on (pending or not); waits for the others
+  without reducing them."""
+
+  may_pend = True
+  passes = True
+  may_keep = True
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    nbytes = 2 * _slice_bytes(layout, info.in_dims[0], info.in_itemsize[0])
+    return _Result([ctx.state(info, 0)], elementwise_bytes=nbytes)
 
   def keeps_pending(self, info, index, pending, ctx):
     return True
@@ -831,6 +853,7 @@ _RULES = {
     "AddOperation": _SameShapeLinear(),
     "AddNOperation": _SameShapeLinear(),
     "StopGradient": _Identity(),
+    "Depend": _Depend(),
     "ReshapeOperation": _Reshape(),
     "SoftmaxOperation": _Softmax(),
     "SoftmaxGradOperation": _Softmax(),

@@ -55,7 +55,7 @@ def _lm_loss(mesh):
 
 def _hand_loss(mesh):
   """Reshapes that all-to-all and all-concatenate, a split softmax, a
-  shift across processors and a split max."""
+  shift across processors, a split max and control dependencies."""
   a, b, c, d = (mtf.Dimension(n, s) for n, s in
                 (("a", 4), ("b", 8), ("c", 8), ("d", 4)))
   w = mtf.get_variable(mesh, "w", [a, b])
@@ -63,7 +63,10 @@ def _hand_loss(mesh):
   x = mtf.shift(x, 3, c, wrap=True) + mtf.shift(x, 1, c, wrap=False)
   s = mtf.softmax(x, d)
   z = mtf.reduce_max(mtf.rename_dimension(x, "d", "e"))  # all-concat.
-  return mtf.reduce_sum(s * s) + z
+  # depend passes a pending sum on, and waits for one without reducing it.
+  q = mtf.depend(mtf.reduce_sum(x, reduced_dim=c),
+                 [mtf.reduce_sum(x * 3.0, reduced_dim=c)])
+  return mtf.reduce_sum(s * s) + z + mtf.reduce_sum(q)
 
 
 def _ops_loss(mesh):
