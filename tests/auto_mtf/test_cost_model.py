@@ -70,7 +70,8 @@ def _hand_loss(mesh):
 
 
 def _ops_loss(mesh):
-  """A convolution, top_k, cumsum and unstack, each over split dims."""
+  """A convolution, top_k, cumsum, unstack and a halo exchange, each over
+  split dims."""
   b, h, w, c, o, fh, fw, k, n, u = (
       mtf.Dimension(name, size) for name, size in (
           ("b", 4), ("h", 6), ("w", 6), ("c", 4), ("o", 8), ("fh", 3),
@@ -82,8 +83,12 @@ def _ops_loss(mesh):
   values, _ = mtf.top_k(v, n, k)
   sums = mtf.cumsum(v, n)
   parts = mtf.unstack(mtf.get_variable(mesh, "u", [b, u]), u)
+  blocks, block = mtf.Dimension("blocks", 2), mtf.Dimension("block", 4)
+  halo = mtf.halo_exchange(mtf.get_variable(mesh, "z", [blocks, block, c]),
+                           blocks, block, 1)
   return mtf.add_n([mtf.reduce_sum(y * y), mtf.reduce_sum(values),
-                    mtf.reduce_sum(sums * sums)] +
+                    mtf.reduce_sum(sums * sums),
+                    mtf.reduce_sum(halo * halo)] +
                    [mtf.reduce_sum(p * p) for p in parts])
 
 
@@ -107,7 +112,7 @@ _CASES = [
     # Splits that reshape, shift, gather and scatter across the mesh.
     ("lm", "a:2;b:2;c:2", "length:a;heads:b;d_kv:c", "none", True),
     ("hand", "m:4;n:2", "a:m;d:m;c:n", "none", True),
-    ("ops", "m:2;q:2", "c:m;n:q", "none", True),
+    ("ops", "m:2;q:2", "c:m;n:q;blocks:q", "none", True),
     ("ops", "m:2;q:2", "b:m;o:q", "none", False),
     ("ops", "m:2;q:2", "o:m;u:q", "none", False),
 ]
