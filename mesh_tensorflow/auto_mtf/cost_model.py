@@ -400,7 +400,8 @@ class _Einsum(_Rule):
     flops = 2
     for d in all_dims:
       m = layout.mesh_dim(d[0])
-      flops *= d[1] if (m is None or d in replicate) else d[1] // layout.sizes[m]
+      whole = m is None or d in replicate
+      flops *= d[1] if whole else d[1] // layout.sizes[m]
     pending = reduced
     intersection = [d for d in out if d in all_dims]
     if len(intersection) != len(out):
@@ -642,10 +643,9 @@ class _Conv(_Rule):
 
   def run(self, info, ctx):
     layout = ctx.layout
-    op = info.op
-    filt = [d for d in info.in_dims if len(d) == op._rank + 2]  # pylint: disable=protected-access
-    sides = [d for d in info.in_dims + info.out_dims
-             if len(d) != op._rank + 2]  # pylint: disable=protected-access
+    rank = info.op._rank  # pylint: disable=protected-access
+    filt = [d for d in info.in_dims if len(d) == rank + 2]
+    sides = [d for d in info.in_dims + info.out_dims if len(d) != rank + 2]
     flops = 0
     if filt and sides:
       per_out = math.prod(s for _, s in filt[0][:-1])
@@ -796,7 +796,8 @@ class _TopK(_Rule):
     m = layout.mesh_dim(reduced)
     collectives = []
     if m is not None:
-      block_k = min(op._k, op.reduced_dim.size // layout.sizes[m])  # pylint: disable=protected-access
+      k = op._k  # pylint: disable=protected-access
+      block_k = min(k, op.reduced_dim.size // layout.sizes[m])
       rest = layout.slice_elements([d for d in dims if d[0] != reduced])
       for itemsize in info.out_itemsize:
         collectives.append(_collective(layout, "allconcat", (m,),

@@ -130,8 +130,8 @@ def _build(model, mesh_shape, layout, sharding):
   optimizers = make_optimizers()
   groups = {}
   for var, grad in zip(variables, grads):
-    optimizer = sharding_training._optimizer_for(  # pylint: disable=protected-access
-        var.name, optimizers)
+    # pylint: disable-next=protected-access
+    optimizer = sharding_training._optimizer_for(var.name, optimizers)
     group = groups.setdefault(id(optimizer), (optimizer, [], []))
     group[1].append(grad)
     group[2].append(var)
