@@ -240,6 +240,12 @@ class _GraphFacts:
     return info
 
 
+def all_operations(mtf_graph):
+  """The graph's operations and, after each, those inside it (the
+  operations a lowering lowers)."""
+  return _with_internal_operations(mtf_graph.operations)
+
+
 def _with_internal_operations(operations):
   for op in operations:
     yield op

@@ -96,7 +96,6 @@ class LayoutOptimizer(object):
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
     self._memory_contents = None
-    self._machine = None
     self._step_costs = None
     if objective == "time":
       self._step_costs = _step_cost_table(
@@ -126,7 +125,7 @@ class LayoutOptimizer(object):
     self._operation_dimension_sets = set(
         self._operation_dimension_set.values())
     self._dimension_sets = self._operation_dimension_sets | set(
-        self._tensor_dimension_set.values())
+        self._tensor_dimension_set.values()) | set(self._step_costs or ())
     self._assignments = {
         dimension_set: [
             a for a in _generate_assignments(dimension_set, self._mesh_sizes)

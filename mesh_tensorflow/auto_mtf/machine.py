@@ -109,6 +109,9 @@ class MachineConstants:
       LinkConstants, a (latency, per byte) pair or a dict.
     source: free text saying where the figures come from.
     calibration_seconds: wall time of the calibration (0 if given).
+    share_replicas: whether processors holding the same slice compute it
+      once (PlacementMeshImpl on one task's CPUs): then an operation costs
+      as many computations as it has distinct slices, not processors.
   """
   flops_per_second: float
   elementwise_bytes_per_second: float
@@ -118,6 +121,7 @@ class MachineConstants:
   collectives: tuple = ()
   source: str = ""
   calibration_seconds: float = 0.0
+  share_replicas: bool = False
 
   def __post_init__(self):
     _check_number(self.flops_per_second, "flops_per_second")
@@ -132,6 +136,9 @@ class MachineConstants:
                        _to_link(self.default_collective, "default_collective"))
     object.__setattr__(self, "collectives",
                        _normalize_collectives(self.collectives))
+    if not isinstance(self.share_replicas, bool):
+      raise ValueError(f"MachineConstants field 'share_replicas' must be "
+                       f"true or false, got {self.share_replicas!r}.")
     if not isinstance(self.source, str):
       raise ValueError(f"MachineConstants field 'source' must be a string, "
                        f"got {self.source!r}.")
@@ -223,6 +230,7 @@ class MachineConstants:
         "collectives": collectives,
         "source": self.source,
         "calibration_seconds": self.calibration_seconds,
+        "share_replicas": self.share_replicas,
     }
 
   @classmethod
@@ -456,7 +464,8 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
       source=(f"calibrated{' (quick)' if quick else ''}: {mesh_impl} on "
               f"{key['devices']}, mesh {key['mesh_shape']}, TensorFlow "
               f"{key['tensorflow']}, {key['host_cpu']}"),
-      calibration_seconds=seconds, **compute)
+      calibration_seconds=seconds,
+      share_replicas=bool(getattr(impl, "share_replicas", False)), **compute)
 
 
 def _make_mesh_impl(shape, devices, mesh_impl):

@@ -17,7 +17,8 @@ from mesh_tensorflow.auto_mtf import layout_optimizer
 
 
 def operation_seconds(cost, machine, num_processors):
-  """Predicted seconds of one cost_model.OperationCost on `machine`."""
+  """Predicted seconds of one cost_model.OperationCost on `machine`, when
+  `num_processors` processors compute distinct slices."""
   seconds = machine.compute_seconds(cost.flops, cost.elementwise_bytes,
                                     cost.num_ops, num_processors)
   for collective in cost.collectives:
@@ -29,7 +30,12 @@ def operation_seconds(cost, machine, num_processors):
 
 
 def cost_table(estimator, validator, machine):
-  """{operation dimension set: {local variable name: seconds}}.
+  """{dimension set: {local variable name: seconds}}.
+
+  Operations are grouped by the splittable names their cost depends on
+  (cost_model.cost_dimension_names: their own, and those of producers and
+  consumers that keep sums pending); each group is priced under every
+  allowed assignment of its names.
 
   Args:
     estimator: a memory_estimator.MemoryEstimator (its graph and mesh).
@@ -40,18 +46,13 @@ def cost_table(estimator, validator, machine):
   mesh_sizes = validator.mesh_dimension_name_to_size
   num_processors = shape_lib.list_product(mesh_sizes.values())
   splittable = validator.splittable_mtf_dimension_names
-  groups = collections.defaultdict(collections.Counter)
-  representative = {}
-  for operation in estimator.mtf_graph.operations:
-    names = set()
-    for tensor in list(operation.inputs) + list(operation.outputs):
-      names.update(tensor.shape.dimension_names)
-    dimension_set = frozenset(names & splittable)
-    signature = _signature(operation)
-    groups[dimension_set][signature] += 1
-    representative.setdefault(signature, operation)
+  share_replicas = bool(getattr(machine, "share_replicas", False))
+  groups = collections.defaultdict(list)
+  for operation in cost_model.all_operations(estimator.mtf_graph):
+    names = frozenset(cost_model.cost_dimension_names(operation) & splittable)
+    groups[names].append(operation)
   table = {}
-  for dimension_set, counts in groups.items():
+  for dimension_set, operations in groups.items():
     costs = {}
     for assignment in layout_optimizer._generate_assignments(  # pylint: disable=protected-access
         dimension_set, mesh_sizes):
@@ -59,21 +60,28 @@ def cost_table(estimator, validator, machine):
                  for d, m in assignment.items()):
         continue
       seconds = 0.0
-      for signature, count in counts.items():
-        cost = cost_model.operation_cost(representative[signature],
-                                         assignment, mesh_sizes)
-        seconds += count * operation_seconds(cost, machine, num_processors)
+      for operation in operations:
+        seconds += operation_seconds(
+            cost_model.operation_cost(operation, assignment, mesh_sizes),
+            machine, _computing_processors(
+                operation, assignment, mesh_sizes, num_processors,
+                share_replicas))
       costs[layout_optimizer._local_var_name(  # pylint: disable=protected-access
           dimension_set, assignment)] = seconds
     table[dimension_set] = costs
   return table
 
 
-def _signature(operation):
-  """Operations with equal signatures cost the same under every layout."""
-  custom = getattr(cost_model, "operation_signature", None)
-  if custom is not None:
-    return custom(operation)
-  return (type(operation).__name__,
-          tuple((t.shape, t.dtype) for t in operation.inputs),
-          tuple((t.shape, t.dtype) for t in operation.outputs))
+def _computing_processors(operation, assignment, mesh_sizes, num_processors,
+                          share_replicas):
+  """How many processors compute `operation`: all of them, or with shared
+  replicas one per distinct slice (the product of the sizes of the mesh
+  dimensions its own dimensions are split over)."""
+  if not share_replicas:
+    return num_processors
+  used = set()
+  for tensor in list(operation.inputs) + list(operation.outputs):
+    for name in tensor.shape.dimension_names:
+      if name in assignment:
+        used.add(assignment[name])
+  return shape_lib.list_product(mesh_sizes[m] for m in used)
