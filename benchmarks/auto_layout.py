@@ -337,7 +337,11 @@ def run_case(tf, mtf, model, mesh_key, args):
   best_layout = min(measured, key=measured.get)
   best = measured[best_layout]
   predicted = {l: timed.evaluate_step_seconds(l) for l in measured}
-  order = list(measured)
+  order = sorted(measured, key=measured.get)
+  for l in order:
+    bench_util.log(f"  {model.name} {mesh_spec} {l!r}: measured "
+                   f"{measured[l] * 1e3:.1f} ms, predicted "
+                   f"{predicted[l] * 1e3:.1f} ms")
   predicted_peak = timed.evaluate_peak_memory(time_pick)
   counted_peak = counted_peak_bytes(tf, mtf, model, mesh_spec, time_pick)
   record = {

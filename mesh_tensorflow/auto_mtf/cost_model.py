@@ -8,7 +8,7 @@ operation under every assignment of that operation's dimension names;
 - compute: the FLOPs of einsums (2 x the product of the sizes of all their
   dimensions, divided by the mesh dimensions splitting them) and
   convolutions, the bytes element-wise and other slice work reads and
-  writes, and the number of lowered TF ops (one per slicewise operation);
+  writes (einsums' operands and results included), and the number of lowered TF ops (one per slicewise operation);
 - collectives: what the lowering of the operation emits under the layout,
   by kind and mesh dimensions, with the wire bytes the lowering's counters
   give them (`mesh_impl.collective_wire_bytes`).
@@ -418,7 +418,10 @@ class _Einsum(_Rule):
             layout, "allreduce", reduced,
             _slice_bytes(layout, intersection, info.out_itemsize[0])))
       pending = ()
-    return _Result([pending], collectives, flops=flops)
+    # Its operands and result pass through memory too: a skinny matmul
+    # (a weight gradient of few rows) costs its bytes more than its FLOPs.
+    return _Result([pending], collectives, flops=flops,
+                   elementwise_bytes=_io_bytes(info, layout))
 
 
 class _Reduce(_Rule):
