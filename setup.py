@@ -69,7 +69,9 @@ setuptools.setup(
         # imported TensorFlow 2.21 first; 9.14 is the newest that does not.
         "auto_mtf": ["ortools>=9.14,<9.15"],
         # setuptools and wheel: tests/test_wheel.py builds the wheel offline.
-        "test": ["pytest", "pytest-xdist", "sentencepiece", "setuptools",
-                 "wheel"],
+        # sentencepiece 0.2.2+ is generated for protobuf 7, which the
+        # auto_mtf extra's OR-tools (protobuf 6.31) rules out.
+        "test": ["pytest", "pytest-xdist", "sentencepiece<0.2.2",
+                 "setuptools", "wheel"],
     },
 )
