@@ -1,10 +1,11 @@
 """The binary with `utils.run.layout_rules = "auto"` (and mesh_shape "auto").
 
-The tiny LM trains with rules searched on batch:2;model:4 and again with
-the chosen rules given explicitly: same losses. The tiny Bitransformer
-trains with mesh shape and rules searched for the 8 logical CPUs, then
-again from its own operative config alone: same choice, same losses,
-no search. The search runs with the memory objective (the time objective's
+The tiny LM trains with mesh shape and rules searched for the 8 logical
+CPUs, then again from its own operative config alone (the chosen strings
+given explicitly): same choice, same losses, no search. The tiny
+Bitransformer searches the rules of b:2;m:4, in training and in inference
+(the same choice: both search the training graph), stopped before the
+estimator is built. The search runs with the memory objective (the time objective's
 cost model is tested in tests/auto_mtf); the time path through the binary
 is checked with a fake search.
 """
@@ -80,89 +81,98 @@ def _chosen(line):
   return mesh, rules
 
 
+def _operative(model_dir):
+  """utils.run's (mesh_shape, layout_rules) in model_dir's operative
+  config, as gin reads them."""
+  gin.clear_config()
+  try:
+    gin.parse_config_file(str(model_dir / "operative_config.gin"))
+    return (gin.query_parameter("utils.run.mesh_shape"),
+            gin.query_parameter("utils.run.layout_rules"))
+  finally:
+    gin.clear_config()
+
+
 @pytest.fixture(scope="module")
 def lm_runs(tmp_path_factory):
+  """The LM trained with mesh shape and rules searched for the 8 devices,
+  then from its operative config alone."""
   auto_dir = tmp_path_factory.mktemp("lm_auto")
-  printed, auto_losses = _train(
-      auto_dir, *LM, *AUTO_RULES, "utils.run.mesh_shape = 'batch:2;model:4'",
-      files=LM_FILES)
-  mesh, rules = _chosen(_choice_line(printed))
-  explicit_dir = tmp_path_factory.mktemp("lm_explicit")
-  _, explicit_losses = _train(
-      explicit_dir, *LM, f"utils.run.mesh_shape = '{mesh}'",
-      f"utils.run.layout_rules = '{rules}'", files=LM_FILES)
+  printed, auto_losses = _train(auto_dir, *LM, *AUTO_BOTH, files=LM_FILES)
+  rerun_dir = tmp_path_factory.mktemp("lm_rerun")
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(test_main, "TINY", [])
+    rerun_printed, rerun_losses = _train(
+        rerun_dir, files=[str(auto_dir / "operative_config.gin")])
   return dict(printed=printed, auto_dir=auto_dir, auto_losses=auto_losses,
-              explicit_losses=explicit_losses, mesh=mesh, rules=rules)
+              rerun_printed=rerun_printed, rerun_losses=rerun_losses,
+              rerun_dir=rerun_dir)
 
 
-def test_lm_prints_the_choice_on_the_given_mesh(lm_runs):
+def test_lm_prints_a_choice_for_the_eight_devices(lm_runs):
   line = _choice_line(lm_runs["printed"])
   assert line.startswith("auto layout (memory): ")
-  assert lm_runs["mesh"] == "batch:2;model:4"
   assert re.search(r"peak_memory=\d+ bytes/processor", line)
-  rules = mtf.convert_to_layout_rules(lm_runs["rules"])
-  # The rules name the given mesh's dimensions only.
-  assert {m for _, m in rules.pairs} <= {"batch", "model"}
-  assert rules.pairs
-
-
-def test_lm_operative_config_holds_the_chosen_strings(lm_runs):
-  config = (lm_runs["auto_dir"] / "operative_config.gin").read_text()
-  assert f"run.mesh_shape = '{lm_runs['mesh']}'" in config
-  assert f"run.layout_rules = '{lm_runs['rules']}'" in config
-  assert "'auto'" not in config.replace("auto_layout", "")
-
-
-def test_lm_trains_as_with_the_chosen_rules_given(lm_runs):
-  assert len(lm_runs["auto_losses"]) == 2
-  np.testing.assert_allclose(lm_runs["auto_losses"],
-                             lm_runs["explicit_losses"], rtol=1e-5,
-                             atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def bi_runs(tmp_path_factory):
-  auto_dir = tmp_path_factory.mktemp("bi_auto")
-  printed, auto_losses = _train(auto_dir, *SHORT, *AUTO_BOTH)
-  # The rerun reads nothing but the first run's operative config.
-  rerun_dir = tmp_path_factory.mktemp("bi_rerun")
-  config = auto_dir / "operative_config.gin"
-  test_main.FLAGS.unparse_flags()
-  _LossRecorder.losses = []
-  out = io.StringIO()
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(main_lib.progress, "ProgressDisplay", _LossRecorder)
-    patch.setattr(test_main, "TINY", [])
-    with contextlib.redirect_stdout(out):
-      test_main.run_main(rerun_dir, files=[str(config)],
-                         extra_flags=["--progress"])
-  return dict(printed=printed, auto_dir=auto_dir, auto_losses=auto_losses,
-              rerun_printed=out.getvalue(),
-              rerun_losses=list(_LossRecorder.losses), rerun_dir=rerun_dir)
-
-
-def test_bitransformer_searches_a_mesh_of_the_eight_devices(bi_runs):
-  mesh, rules = _chosen(_choice_line(bi_runs["printed"]))
+  mesh, rules = _chosen(line)
   shape = mtf.convert_to_shape(mesh)
   assert shape.size == run_devices.processor_count() == 8
   assert all(d.name.startswith("mesh_") for d in shape.dims)
-  config = (bi_runs["auto_dir"] / "operative_config.gin").read_text()
-  assert f"run.mesh_shape = '{mesh}'" in config
-  assert f"run.layout_rules = '{rules}'" in config
+  rules = mtf.convert_to_layout_rules(rules)
+  assert rules.pairs
+  assert {m for _, m in rules.pairs} <= set(shape.dimension_names)
 
 
-def test_rerun_from_the_operative_config_repeats_the_run(bi_runs):
-  assert "auto layout" not in bi_runs["rerun_printed"]
-  assert len(bi_runs["auto_losses"]) == 2
-  np.testing.assert_allclose(bi_runs["auto_losses"], bi_runs["rerun_losses"],
+def test_lm_operative_config_holds_the_chosen_strings(lm_runs):
+  assert _operative(lm_runs["auto_dir"]) == _chosen(
+      _choice_line(lm_runs["printed"]))
+  config = (lm_runs["auto_dir"] / "operative_config.gin").read_text()
+  assert "'auto'" not in config
+
+
+def test_rerun_from_the_operative_config_repeats_the_run(lm_runs):
+  assert "auto layout" not in lm_runs["rerun_printed"]
+  assert _operative(lm_runs["rerun_dir"]) == _operative(lm_runs["auto_dir"])
+  assert len(lm_runs["auto_losses"]) == 2
+  np.testing.assert_allclose(lm_runs["auto_losses"], lm_runs["rerun_losses"],
                              rtol=1e-5, atol=1e-5)
-  first = (bi_runs["auto_dir"] / "operative_config.gin").read_text()
-  again = (bi_runs["rerun_dir"] / "operative_config.gin").read_text()
-  setting = re.compile(r"run\.(mesh_shape|layout_rules) = .*")
-  assert setting.findall(first) and (
-      sorted(setting.findall(first)) == sorted(setting.findall(again)))
-  assert re.findall(r"run\.layout_rules = .*", first) == re.findall(
-      r"run\.layout_rules = .*", again)
+
+
+class _Stop(Exception):
+  pass
+
+
+def _search_only(model_dir, *params, files=test_main.GIN_FILES):
+  """(printed text, get_estimator's keyword arguments) of a run through
+  main stopped where the estimator would be built."""
+  calls = []
+
+  def stop(**kwargs):
+    calls.append(kwargs)
+    raise _Stop()
+
+  out = io.StringIO()
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(test_main.utils, "get_estimator", stop)
+    with contextlib.redirect_stdout(out), pytest.raises(_Stop):
+      test_main.run_main(model_dir, *params, files=files)
+  call, = calls
+  return out.getvalue(), call
+
+
+def test_bitransformer_searches_the_rules_of_the_given_mesh(tmp_path):
+  chosen = {}
+  for mode in ("train", "infer"):
+    printed, call = _search_only(
+        tmp_path, *SHORT, *AUTO_RULES, f"utils.run.mode = '{mode}'",
+        "utils.run.mesh_shape = 'b:2;m:4'")
+    mesh, rules = _chosen(_choice_line(printed))
+    assert mesh == "b:2;m:4"
+    assert call["mesh_shape"] == mtf.convert_to_shape(mesh)
+    assert call["layout_rules"] == mtf.convert_to_layout_rules(rules)
+    assert {m for _, m in call["layout_rules"].pairs} <= {"b", "m"}
+    chosen[mode] = rules
+  # Inference searches the training graph too: the same choice.
+  assert chosen["infer"] == chosen["train"]
 
 
 def test_auto_mesh_with_explicit_rules_is_an_error(tmp_path):
@@ -192,21 +202,12 @@ def test_time_objective_settings_reach_the_search(tmp_path):
     calls.append((graph, mesh_shape, outputs, kwargs))
     return chosen
 
-  class Stop(Exception):
-    pass
-
-  def stop_training(*args, **kwargs):
-    raise Stop()
-
-  out = io.StringIO()
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(auto_mtf_api, "choose_layout", fake_choose_layout)
-    patch.setattr(test_main.utils, "get_estimator", stop_training)
     params = [p for p in SHORT if not p.startswith("auto_layout")]
-    with contextlib.redirect_stdout(out), pytest.raises(Stop):
-      test_main.run_main(tmp_path, *params, *AUTO_BOTH,
-                         "auto_layout.memory_budget = 123456",
-                         "auto_layout.machine = '/nowhere/machine.json'")
+    printed, _ = _search_only(tmp_path, *params, *AUTO_BOTH,
+                              "auto_layout.memory_budget = 123456",
+                              "auto_layout.machine = '/nowhere/machine.json'")
   (graph, mesh_shape, outputs, kwargs), = calls
   assert mesh_shape == 8
   assert kwargs == dict(objective="time", memory_budget=123456,
@@ -216,7 +217,7 @@ def test_time_objective_settings_reach_the_search(tmp_path):
   # The graph is the training step's: the loss, and optimizer updates.
   assert [t.shape.dims for t in outputs] == [[]]
   assert any(type(op).__name__ == "Assign" for op in graph.operations)
-  line = _choice_line(out.getvalue())
+  line = _choice_line(printed)
   assert "auto layout (time): mesh_shape=" in line
   assert "utils.run.mesh_shape = 'mesh_0:8'" in line
   assert "predicted_step=1.250 ms" in line
