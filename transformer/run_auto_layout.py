@@ -22,7 +22,6 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.auto_mtf import api as auto_mtf_api
 from mesh_tensorflow.transformer import run_features
 from mesh_tensorflow.transformer import run_settings
 
@@ -95,6 +94,9 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
   """
+  # Imported on use: a run with explicit rules does not load auto_mtf (and
+  # importing the transformer adds no core module).
+  from mesh_tensorflow.auto_mtf import api as auto_mtf_api  # pylint: disable=g-import-not-at-top
   return auto_mtf_api.choose_layout(
       mtf_graph, mesh_shape_or_processor_count, mtf_outputs,
       objective=objective, memory_budget=memory_budget, machine=machine,
