@@ -97,10 +97,17 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
   # Imported on use: a run with explicit rules does not load auto_mtf (and
   # importing the transformer adds no core module).
   from mesh_tensorflow.auto_mtf import api as auto_mtf_api  # pylint: disable=g-import-not-at-top
-  return auto_mtf_api.choose_layout(
-      mtf_graph, mesh_shape_or_processor_count, mtf_outputs,
-      objective=objective, memory_budget=memory_budget, machine=machine,
-      max_mesh_shape_dimensions=max_mesh_shape_dimensions)
+  from mesh_tensorflow.auto_mtf import layout_optimizer  # pylint: disable=g-import-not-at-top
+  try:
+    return auto_mtf_api.choose_layout(
+        mtf_graph, mesh_shape_or_processor_count, mtf_outputs,
+        objective=objective, memory_budget=memory_budget, machine=machine,
+        max_mesh_shape_dimensions=max_mesh_shape_dimensions)
+  except (layout_optimizer.SolverError, ImportError) as e:
+    # A ValueError: the binary reports it in one paragraph, as bad input.
+    raise ValueError(
+        f'utils.run.layout_rules = "auto": the layout search (objective '
+        f"{objective!r}) failed: {e}") from e
 
 
 def training_features(model_type, batch_size, sequence_length,

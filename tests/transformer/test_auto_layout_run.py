@@ -181,6 +181,15 @@ def test_auto_mesh_with_explicit_rules_is_an_error(tmp_path):
     test_main.run_main(tmp_path, *SHORT, "utils.run.mesh_shape = 'auto'")
 
 
+def test_impossible_memory_budget_is_an_error_naming_it(tmp_path):
+  with pytest.raises(ValueError, match=r'layout_rules = "auto": the layout '
+                     r"search \(objective 'memory'\) failed: no layout fits "
+                     r"memory_budget=1000 bytes"):
+    test_main.run_main(tmp_path, *SHORT, *AUTO_RULES,
+                       "utils.run.mesh_shape = 'b:2;m:4'",
+                       "auto_layout.memory_budget = 1000")
+
+
 def test_per_replica_batch_size_is_an_error(tmp_path):
   with pytest.raises(ValueError, match="does not depend on the layout"):
     test_main.run_main(
