@@ -96,8 +96,10 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
   """
   # Imported on use: a run with explicit rules does not load auto_mtf (and
   # importing the transformer adds no core module).
-  from mesh_tensorflow.auto_mtf import api as auto_mtf_api  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.auto_mtf import layout_optimizer  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.auto_mtf import api as auto_mtf_api
+  from mesh_tensorflow.auto_mtf import layout_optimizer
+  # pylint: enable=g-import-not-at-top
   try:
     return auto_mtf_api.choose_layout(
         mtf_graph, mesh_shape_or_processor_count, mtf_outputs,

@@ -5,9 +5,9 @@ CPUs, then again from its own operative config alone (the chosen strings
 given explicitly): same choice, same losses, no search. The tiny
 Bitransformer searches the rules of b:2;m:4, in training and in inference
 (the same choice: both search the training graph), stopped before the
-estimator is built. The search runs with the memory objective (the time objective's
-cost model is tested in tests/auto_mtf); the time path through the binary
-is checked with a fake search.
+estimator is built. The search runs with the memory objective (the time
+objective's cost model is tested in tests/auto_mtf); the time path through
+the binary is checked with a fake search.
 """
 
 import contextlib
