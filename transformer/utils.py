@@ -365,6 +365,10 @@ def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
   """The LayoutChoice of the run's training graph (layout_rules "auto"), on
   its mesh shape or (mesh_shape "auto") on processor_count_fn() processors;
   see run_auto_layout."""
+  if model_fn_args.get("optimizer") is None:
+    raise ValueError('utils.run.layout_rules = "auto" searches the layout of '
+                     "the training graph, in every mode: it needs "
+                     "utils.run.optimizer.")
   batch_size = run_auto_layout.fixed_batch_size(sequence_length, batch_size)
   if not isinstance(train_steps, int):
     train_steps = train_steps(batch_size, sequence_length)

@@ -190,6 +190,15 @@ def test_impossible_memory_budget_is_an_error_naming_it(tmp_path):
                        "auto_layout.memory_budget = 1000")
 
 
+def test_search_without_an_optimizer_is_an_error(tmp_path):
+  with pytest.raises(ValueError, match="training graph, in every mode: it "
+                     "needs utils.run.optimizer"):
+    test_main.run_main(tmp_path, *SHORT, *AUTO_RULES,
+                       "utils.run.mesh_shape = 'b:2;m:4'",
+                       "utils.run.mode = 'infer'",
+                       "utils.run.optimizer = None")
+
+
 def test_per_replica_batch_size_is_an_error(tmp_path):
   with pytest.raises(ValueError, match="does not depend on the layout"):
     test_main.run_main(
