@@ -106,6 +106,8 @@ def _mesh_size():
     shape = gin.query_parameter("utils.run.mesh_shape")
   except ValueError:
     return None
+  if isinstance(shape, str) and shape.strip().lower() == "auto":
+    return None  # The devices decide (utils.run searches the layout).
   if isinstance(shape, (str, mtf.Shape, list)):
     return mtf.convert_to_shape(shape).size
   return None
@@ -136,7 +138,9 @@ def _start_cluster():
   size = _mesh_size()
   if size is None:
     raise ValueError("--worker_hosts needs utils.run.mesh_shape given as a "
-                     "string in gin, e.g. 'batch:2;model:4'.")
+                     "string in gin, e.g. 'batch:2;model:4' (not 'auto'; "
+                     "layout_rules 'auto' searches the rules of that "
+                     "mesh).")
   return cluster_lib.start(FLAGS.worker_hosts, FLAGS.task_index,
                            num_processors=size)
 

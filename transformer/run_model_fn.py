@@ -193,20 +193,8 @@ def tpu_estimator_model_fn(model_type,
   layout_rules = mtf.convert_to_layout_rules(layout_rules)
   filter_fn = _variable_filter_fn(variable_filter)
 
-  def model_fn(features, labels, mode, params, config=None):
-    """Builds, lowers and returns the EstimatorSpec of `mode`."""
-    del labels, config
-    if mode == ModeKeys.PREDICT and score_in_predict_mode:
-      mode = SCORE
-    # The estimator's mesh: the run's, or one CPU for an export.
-    mesh_impl = params["mesh_impl"]
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "my_mesh")
-    if (mode in (ModeKeys.TRAIN, ModeKeys.EVAL) and
-        mesh_impl.shape == mesh_shape):
-      mtf.shard_data_parallel(mesh, mesh_shape, layout_rules,
-                              shard_weight_update=shard_weight_update,
-                              shard_parameters=shard_parameters)
+  def model_features(mesh, features, mode):
+    """(mtf features, batch dimension) of `features` in `mode`."""
     if outer_batch_size and mode not in (ModeKeys.PREDICT, SCORE):
       if batch_size % outer_batch_size:
         raise ValueError(f"outer_batch_size {outer_batch_size} does not "
@@ -225,6 +213,48 @@ def tpu_estimator_model_fn(model_type,
                     model_type)
     if model_type == "delimited_lm" and mode not in (ModeKeys.PREDICT, SCORE):
       mtf_features = _dynamic_text2self(mtf_features)
+    return mtf_features, batch_dim
+
+  def logits_and_loss_fn(mode):
+    variable_dtype = run_settings.get_variable_dtype()
+
+    def logits_and_loss(features, num_microbatches=1):
+      return _logits_and_loss(transformer_model, model_type, features, mode,
+                              variable_dtype, num_microbatches)
+    return logits_and_loss
+
+  def train_step(graph, mtf_features, batch_dim, num_microbatches):
+    return _build_train_step(graph, mtf_features,
+                             logits_and_loss_fn(ModeKeys.TRAIN), batch_dim,
+                             num_microbatches, learning_rate_schedule,
+                             optimizer, filter_fn)
+
+  def training_graph(features):
+    """(mtf.Graph, loss) of one training step on TF `features`, not lowered:
+    the graph training builds (model, loss, gradients, optimizer updates),
+    in one microbatch and without the sharding options, for the layout
+    search (run_auto_layout). Call inside a tf.Graph that has a global
+    step."""
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    mtf_features, batch_dim = model_features(mesh, features, ModeKeys.TRAIN)
+    return graph, train_step(graph, mtf_features, batch_dim, 1)
+
+  def model_fn(features, labels, mode, params, config=None):
+    """Builds, lowers and returns the EstimatorSpec of `mode`."""
+    del labels, config
+    if mode == ModeKeys.PREDICT and score_in_predict_mode:
+      mode = SCORE
+    # The estimator's mesh: the run's, or one CPU for an export.
+    mesh_impl = params["mesh_impl"]
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    if (mode in (ModeKeys.TRAIN, ModeKeys.EVAL) and
+        mesh_impl.shape == mesh_shape):
+      mtf.shard_data_parallel(mesh, mesh_shape, layout_rules,
+                              shard_weight_update=shard_weight_update,
+                              shard_parameters=shard_parameters)
+    mtf_features, batch_dim = model_features(mesh, features, mode)
     variable_dtype = run_settings.get_variable_dtype()
 
     def lower(log_file=None):
@@ -238,19 +268,17 @@ def tpu_estimator_model_fn(model_type,
       return _predict_spec(transformer_model, mtf_features, predict_fn,
                            variable_dtype, sequence_length, vocabulary,
                            use_tpu, lower)
-
-    def logits_and_loss(features, num_microbatches=1):
-      return _logits_and_loss(transformer_model, model_type, features, mode,
-                              variable_dtype, num_microbatches)
-
     if mode == ModeKeys.TRAIN:
-      return _train_spec(graph, mtf_features, logits_and_loss, batch_dim,
-                         sequence_length, mesh_shape, layout_rules,
-                         learning_rate_schedule, optimizer, filter_fn,
-                         transformer_model, mesh_impl, lower,
+      num_microbatches = run_settings.serialize_num_microbatches(
+          batch_dim, sequence_length, mesh_shape, layout_rules)
+      loss = train_step(graph, mtf_features, batch_dim, num_microbatches)
+      return _train_spec(loss, transformer_model, mesh_impl, lower,
                          model_info_file)
-    return _eval_spec(mtf_features, logits_and_loss, model_type, lower)
+    return _eval_spec(mtf_features, logits_and_loss_fn(mode), model_type,
+                      lower)
 
+  # For the layout search: the training graph without lowering.
+  model_fn.training_graph = training_graph
   return model_fn
 
 
@@ -279,15 +307,13 @@ def _logits_and_loss(model, model_type, features, mode, variable_dtype,
                            **position_kwargs)
 
 
-def _train_spec(graph, mtf_features, logits_and_loss, batch_dim,
-                sequence_length, mesh_shape, layout_rules,
-                learning_rate_schedule, optimizer, filter_fn, model,
-                mesh_impl, lower, model_info_file):
-  """The training step: loss, gradients, updates."""
+def _build_train_step(graph, mtf_features, logits_and_loss, batch_dim,
+                      num_microbatches, learning_rate_schedule, optimizer,
+                      filter_fn):
+  """Builds the training step's loss, gradients and optimizer updates (of
+  the variables filter_fn selects); returns the loss."""
   if optimizer is None:
     raise ValueError("Training needs an optimizer (utils.run.optimizer).")
-  num_microbatches = run_settings.serialize_num_microbatches(
-      batch_dim, sequence_length, mesh_shape, layout_rules)
   if num_microbatches > 1:
     def serialized_fn(features):
       return {"loss": logits_and_loss(features, num_microbatches)[1]}
@@ -313,6 +339,12 @@ def _train_spec(graph, mtf_features, logits_and_loss, batch_dim,
   optimizer(learning_rate=learning_rate).apply_grads(
       [g for g, t in zip(var_grads, trained) if t],
       [v for v, t in zip(variables, trained) if t])
+  return loss
+
+
+def _train_spec(loss, model, mesh_impl, lower, model_info_file):
+  """The training step's EstimatorSpec: lowers the graph, exports the
+  loss."""
   lowering = lower(model_info_file)
   tf_loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
   if hasattr(model, "initialize"):

@@ -31,6 +31,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator as estimator_lib
 from mesh_tensorflow.transformer import learning_rate_schedules
+from mesh_tensorflow.transformer import run_auto_layout
 from mesh_tensorflow.transformer import run_devices
 # The original's names, from the modules that now hold them.
 # pylint: disable=unused-import
@@ -190,15 +191,8 @@ def get_estimator(model_type, vocabulary, mesh_shape,
   del tpu_job_name
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   layout_rules = mtf.convert_to_layout_rules(layout_rules)
-  transformer_model = build_model(
+  model_fn = _make_model_fn(
       model_type=model_type,
-      input_vocab_size=inputs_vocabulary(vocabulary).vocab_size,
-      output_vocab_size=targets_vocabulary(vocabulary).vocab_size,
-      layout_rules=layout_rules,
-      mesh_shape=mesh_shape)
-  model_fn = tpu_estimator_model_fn(
-      model_type=model_type,
-      transformer_model=transformer_model,
       vocabulary=vocabulary,
       model_dir=model_dir,
       use_tpu=use_tpu,
@@ -243,6 +237,23 @@ def get_estimator(model_type, vocabulary, mesh_shape,
         train_batch_size=batch_size, eval_batch_size=batch_size,
         predict_batch_size=batch_size)
   return estimator_lib.Estimator(model_fn=model_fn, config=config)
+
+
+def _make_model_fn(model_type, vocabulary, mesh_shape, layout_rules,
+                   **model_fn_args):
+  """The model (build_model) and its model function
+  (tpu_estimator_model_fn): what get_estimator trains, and what the layout
+  search (layout_rules "auto") builds the training graph of."""
+  transformer_model = build_model(
+      model_type=model_type,
+      input_vocab_size=inputs_vocabulary(vocabulary).vocab_size,
+      output_vocab_size=targets_vocabulary(vocabulary).vocab_size,
+      layout_rules=layout_rules,
+      mesh_shape=mesh_shape)
+  return tpu_estimator_model_fn(
+      model_type=model_type, transformer_model=transformer_model,
+      vocabulary=vocabulary, mesh_shape=mesh_shape,
+      layout_rules=layout_rules, **model_fn_args)
 
 
 def train_model(estimator, vocabulary, sequence_length, batch_size,
@@ -347,6 +358,40 @@ def _export_checkpoint(export_checkpoint_step, model_dir):
                                            model_dir)))
 
 
+def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
+                   sequence_length, train_steps, total_run_steps,
+                   learning_rate_schedule, ensemble_inputs, train_dataset_fn,
+                   processor_count_fn, **model_fn_args):
+  """The LayoutChoice of the run's training graph (layout_rules "auto"), on
+  its mesh shape or (mesh_shape "auto") on processor_count_fn() processors;
+  see run_auto_layout."""
+  if model_fn_args.get("optimizer") is None:
+    raise ValueError('utils.run.layout_rules = "auto" searches the layout of '
+                     "the training graph, in every mode: it needs "
+                     "utils.run.optimizer.")
+  batch_size = run_auto_layout.fixed_batch_size(sequence_length, batch_size)
+  if not isinstance(train_steps, int):
+    train_steps = train_steps(batch_size, sequence_length)
+  searched = run_auto_layout.mesh_shape_or_processor_count(
+      mesh_shape, processor_count_fn)
+  model_fn = _make_model_fn(
+      model_type=model_type, vocabulary=vocabulary,
+      mesh_shape=None if isinstance(searched, int) else searched,
+      layout_rules=None, batch_size=batch_size,
+      sequence_length=sequence_length,
+      learning_rate_schedule=_learning_rate_schedule(
+          learning_rate_schedule, total_run_steps or train_steps),
+      ensemble_inputs=ensemble_inputs, score_in_predict_mode=False,
+      **model_fn_args)
+
+  def features_fn():
+    return run_auto_layout.training_features(
+        model_type, batch_size, sequence_length, ensemble_inputs,
+        train_dataset_fn, vocabulary)
+
+  return run_auto_layout.choose(model_fn, searched, features_fn)
+
+
 @gin.configurable(module=_GIN_MODULE)
 def run(tpu_job_name,
         tpu,
@@ -419,9 +464,15 @@ def run(tpu_job_name,
     total_run_steps: the steps the learning-rate schedule spans (default
       train_steps), for runs stopped and resumed with more train_steps.
     sequence_length: an integer or a dict feature -> length.
-    mesh_shape: anything mtf.convert_to_shape takes.
+    mesh_shape: anything mtf.convert_to_shape takes, or "auto" (with
+      layout_rules "auto"): the search picks a mesh shape of the processors
+      the devices give (see run_devices.processor_count).
     mesh_devices: one device per processor (default local devices).
-    layout_rules: anything mtf.convert_to_layout_rules takes.
+    layout_rules: anything mtf.convert_to_layout_rules takes, or "auto":
+      the layout search (gin `auto_layout.objective`, `memory_budget`,
+      `machine`; see run_auto_layout) picks them for the training graph at
+      start-up, prints its choice and binds it in gin, so the operative
+      config repeats it. The batch size must then not be per replica.
     learning_rate_schedule: a float, a function (step, total_train_steps),
       or a list of such factors (multiplied).
     optimizer: an optimize.Optimizer class.
@@ -450,6 +501,7 @@ def run(tpu_job_name,
   Returns:
     what the mode returns (e.g. eval metrics, scores, the export path).
   """
+  arguments = dict(locals())
   if mode not in MODES:
     raise ValueError(f"utils.run: unknown mode {mode!r}; expected one of "
                      f"{', '.join(MODES)}")
@@ -457,6 +509,30 @@ def run(tpu_job_name,
     raise ValueError("utils.run needs a model_dir (--model_dir).")
   if isinstance(sequence_length, int):
     sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+  if tpu:
+    cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu, zone=tpu_zone, project=gcp_project)
+  else:
+    cluster = None
+  if run_auto_layout.wants_search(mesh_shape, layout_rules):
+    choice = _search_layout(
+        model_type=model_type, vocabulary=vocabulary, mesh_shape=mesh_shape,
+        batch_size=batch_size, sequence_length=sequence_length,
+        train_steps=train_steps, total_run_steps=total_run_steps,
+        learning_rate_schedule=learning_rate_schedule, autostack=autostack,
+        optimizer=optimizer, predict_fn=predict_fn,
+        variable_filter=variable_filter, ensemble_inputs=ensemble_inputs,
+        train_dataset_fn=train_dataset_fn, model_dir=model_dir,
+        keep_checkpoint_max=keep_checkpoint_max,
+        save_checkpoints_steps=save_checkpoints_steps, use_tpu=bool(tpu),
+        processor_count_fn=lambda: run_devices.processor_count(
+            mesh_devices, cluster))
+    run_auto_layout.report(choice)
+    run_auto_layout.bind_choice(choice)
+    # Called again through gin, which now supplies the chosen values and
+    # records them in the operative config (as if the user had given them).
+    arguments.update(mesh_shape=gin.REQUIRED, layout_rules=gin.REQUIRED)
+    return run(**arguments)
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   layout_rules = mtf.convert_to_layout_rules(layout_rules)
   if not isinstance(batch_size, int):
@@ -480,11 +556,7 @@ def run(tpu_job_name,
                      f"{dataset_split!r}")
   if mode != "train":
     ensemble_inputs = None
-  if tpu:
-    cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu, zone=tpu_zone, project=gcp_project)
-  else:
-    cluster = None
+  if not tpu:
     run_devices.ensure_local_devices(mesh_shape.size, mesh_devices)
 
   estimator = get_estimator(

@@ -1,0 +1,186 @@
+"""`utils.run.layout_rules = "auto"`: the binary picks its layout at start-up.
+
+With layout rules "auto" the run searches the layout rules of the given
+mesh shape; with mesh shape "auto" too it takes the processor count from
+the devices (run_devices.processor_count) and searches the mesh shapes of
+that count as well (mtf.auto_mtf.api.choose_layout). The searched graph is
+the training step's (model, loss, gradients, optimizer updates: the same
+function builds both, run_model_fn's `training_graph`), in one microbatch,
+also in the other modes, so that evaluation and inference use the layout
+training would. Layers whose graph depends on the layout (the
+mixture-of-experts group sizes) are searched as built without layout rules.
+
+The choice is printed and bound in gin (`utils.run.mesh_shape`,
+`utils.run.layout_rules`), so the operative config holds it and a rerun
+with that config repeats it without searching. The search's settings are
+gin parameters of `auto_layout` (objective, memory_budget, machine,
+max_mesh_shape_dimensions).
+"""
+
+from absl import logging
+import gin
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import run_features
+from mesh_tensorflow.transformer import run_settings
+
+_GIN_MODULE = "mesh_tensorflow.transformer.utils"
+AUTO = "auto"
+
+
+def is_auto(value):
+  """Whether a mesh_shape or layout_rules value asks for the search."""
+  return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+def wants_search(mesh_shape, layout_rules):
+  """Whether the run must search its layout (layout_rules "auto").
+
+  Raises:
+    ValueError: mesh_shape "auto" with explicit layout rules.
+  """
+  if is_auto(mesh_shape) and not is_auto(layout_rules):
+    raise ValueError(
+        f'utils.run.mesh_shape = "auto" needs utils.run.layout_rules = '
+        f'"auto" too (the mesh dimensions are named by the search, so '
+        f"explicit rules cannot name them), got layout_rules "
+        f"{layout_rules!r}. Give an explicit mesh shape, or let the search "
+        "pick both.")
+  return is_auto(layout_rules)
+
+
+def fixed_batch_size(sequence_length, batch_size):
+  """The batch size in sequences, which must not depend on the layout.
+
+  Raises:
+    ValueError: a per-replica batch size (the replicas are what the search
+      decides).
+  """
+  if isinstance(batch_size, int):
+    return batch_size
+  method = batch_size[0] if isinstance(batch_size, (tuple, list)) else None
+  if isinstance(method, str) and method.endswith("per_replica"):
+    raise ValueError(
+        f'utils.run.layout_rules = "auto" needs a batch size that does not '
+        f"depend on the layout, got utils.run.batch_size = {batch_size!r} "
+        "(its replicas are what the search decides). Give an integer or "
+        "('sequences_per_batch', n) or ('tokens_per_batch', n).")
+  return run_settings.compute_batch_size(sequence_length, None, None,
+                                         batch_size)
+
+
+@gin.configurable("auto_layout", module=_GIN_MODULE,
+                  allowlist=["objective", "memory_budget", "machine",
+                             "max_mesh_shape_dimensions"])
+def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
+                  objective="time", memory_budget=None, machine=None,
+                  max_mesh_shape_dimensions=2):
+  """The LayoutChoice of a graph (see mtf.auto_mtf.api.choose_layout).
+
+  Args:
+    mtf_graph: the training step's mtf.Graph.
+    mtf_outputs: its outputs (the loss).
+    mesh_shape_or_processor_count: an mtf.Shape (layouts of that mesh) or
+      an int (mesh shapes of that many processors too).
+    objective: "time" (least predicted step time within memory_budget) or
+      "memory" (least peak memory per processor, the original's).
+    memory_budget: optional bytes per processor the peak must fit in.
+    machine: objective "time": the machine's constants (see
+      mtf.auto_mtf.api.layout); None measures this machine once (cached).
+    max_mesh_shape_dimensions: the most mesh dimensions a searched mesh
+      shape has.
+
+  Returns:
+    an mtf.auto_mtf.api.LayoutChoice.
+  """
+  # Imported on use: a run with explicit rules does not load auto_mtf (and
+  # importing the transformer adds no core module).
+  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.auto_mtf import api as auto_mtf_api
+  from mesh_tensorflow.auto_mtf import layout_optimizer
+  # pylint: enable=g-import-not-at-top
+  try:
+    return auto_mtf_api.choose_layout(
+        mtf_graph, mesh_shape_or_processor_count, mtf_outputs,
+        objective=objective, memory_budget=memory_budget, machine=machine,
+        max_mesh_shape_dimensions=max_mesh_shape_dimensions)
+  except (layout_optimizer.SolverError, ImportError) as e:
+    # A ValueError: the binary reports it in one paragraph, as bad input.
+    raise ValueError(
+        f'utils.run.layout_rules = "auto": the layout search (objective '
+        f"{objective!r}) failed: {e}") from e
+
+
+def training_features(model_type, batch_size, sequence_length,
+                      ensemble_inputs, train_dataset_fn=None,
+                      vocabulary=None):
+  """Zeros in place of a training batch: the features train_dataset_fn's
+  examples have (when it is given), else those the model type needs, each
+  [batch (times ensemble members), length]."""
+  if train_dataset_fn is not None:
+    dataset = train_dataset_fn(sequence_length=sequence_length,
+                               vocabulary=vocabulary, dataset_split="train")
+    keys = [k for k in dataset.element_spec
+            if k in run_features.MODEL_FEATURES]
+  else:
+    keys = ["targets"] if model_type == "lm" else ["inputs", "targets"]
+  rows = batch_size * (ensemble_inputs or 1)
+  return {k: tf.zeros([rows, sequence_length[k.split("_")[0]]], tf.int32)
+          for k in keys}
+
+
+def choose(model_fn, mesh_shape_or_processor_count, features_fn):
+  """Searches the layout of model_fn's training graph.
+
+  Args:
+    model_fn: a model function of run_model_fn.tpu_estimator_model_fn
+      (its `training_graph` builds the graph searched).
+    mesh_shape_or_processor_count: an mtf.Shape or a processor count.
+    features_fn: () -> a dict of TF features (see training_features).
+
+  Returns:
+    an mtf.auto_mtf.api.LayoutChoice.
+  """
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    mtf_graph, loss = model_fn.training_graph(features_fn())
+    return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count)
+
+
+def mesh_shape_string(mesh_shape):
+  """"name:size;..." of an mtf.Shape, as utils.run.mesh_shape takes it."""
+  return ";".join(f"{d.name}:{d.size}" for d in mesh_shape.dims)
+
+
+def report(choice):
+  """Logs and prints the choice, one line: the predictions, then the gin
+  bindings that repeat it."""
+  line = (f"auto layout ({choice.objective}): {choice.describe()}; gin: "
+          f"utils.run.mesh_shape = {mesh_shape_string(choice.mesh_shape)!r}"
+          f" utils.run.layout_rules = {choice.layout_rules.to_string!r}")
+  logging.info("%s", line)
+  print(line, flush=True)
+  return line
+
+
+def bind_choice(choice):
+  """Binds utils.run.mesh_shape and layout_rules to the choice (in the
+  current gin scope), so that the operative config holds it."""
+  scope = gin.current_scope_str()
+  prefix = f"{scope}/" if scope else ""
+  with gin.unlock_config():
+    gin.bind_parameter(f"{prefix}{_GIN_MODULE}.run.mesh_shape",
+                       mesh_shape_string(choice.mesh_shape))
+    gin.bind_parameter(f"{prefix}{_GIN_MODULE}.run.layout_rules",
+                       choice.layout_rules.to_string)
+
+
+def mesh_shape_or_processor_count(mesh_shape, processor_count_fn):
+  """The mesh shape to search on, or (mesh_shape "auto") the processor
+  count processor_count_fn() gives."""
+  if is_auto(mesh_shape):
+    count = processor_count_fn()
+    logging.info('mesh_shape "auto": %d processors', count)
+    return count
+  return mtf.convert_to_shape(mesh_shape)
