@@ -53,7 +53,8 @@ class LayoutChoice:
 
   def describe(self):
     """One line: mesh shape, layout rules and the predictions."""
-    text = (f"mesh_shape={self.mesh_shape.to_string!r} "
+    mesh = ";".join(f"{d.name}:{d.size}" for d in self.mesh_shape.dims)
+    text = (f"mesh_shape={mesh!r} "
             f"layout_rules={self.layout_rules.to_string!r} "
             f"peak_memory={self.peak_memory_bytes} bytes/processor")
     if self.predicted_step_seconds is not None:
