@@ -75,7 +75,8 @@ def fixed_batch_size(sequence_length, batch_size):
                              "max_mesh_shape_dimensions"])
 def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
                   objective="time", memory_budget=None, machine=None,
-                  max_mesh_shape_dimensions=2):
+                  max_mesh_shape_dimensions=2, shard_weight_update=False,
+                  shard_parameters=False):
   """The LayoutChoice of a graph (see mtf.auto_mtf.api.choose_layout).
 
   Args:
@@ -90,6 +91,8 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
       mtf.auto_mtf.api.layout); None measures this machine once (cached).
     max_mesh_shape_dimensions: the most mesh dimensions a searched mesh
       shape has.
+    shard_weight_update, shard_parameters: the run's data-parallel sharding
+      (utils.run's), counted in the memory of each layout.
 
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
@@ -104,7 +107,9 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
     return auto_mtf_api.choose_layout(
         mtf_graph, mesh_shape_or_processor_count, mtf_outputs,
         objective=objective, memory_budget=memory_budget, machine=machine,
-        max_mesh_shape_dimensions=max_mesh_shape_dimensions)
+        max_mesh_shape_dimensions=max_mesh_shape_dimensions,
+        shard_weight_update=shard_weight_update,
+        shard_parameters=shard_parameters)
   except (layout_optimizer.SolverError, ImportError) as e:
     # A ValueError: the binary reports it in one paragraph, as bad input.
     raise ValueError(
@@ -130,7 +135,8 @@ def training_features(model_type, batch_size, sequence_length,
           for k in keys}
 
 
-def choose(model_fn, mesh_shape_or_processor_count, features_fn):
+def choose(model_fn, mesh_shape_or_processor_count, features_fn,
+           shard_weight_update=False, shard_parameters=False):
   """Searches the layout of model_fn's training graph.
 
   Args:
@@ -138,6 +144,8 @@ def choose(model_fn, mesh_shape_or_processor_count, features_fn):
       (its `training_graph` builds the graph searched).
     mesh_shape_or_processor_count: an mtf.Shape or a processor count.
     features_fn: () -> a dict of TF features (see training_features).
+    shard_weight_update, shard_parameters: utils.run's data-parallel
+      sharding (the search counts its memory).
 
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
@@ -145,7 +153,9 @@ def choose(model_fn, mesh_shape_or_processor_count, features_fn):
   with tf.Graph().as_default():
     tf.compat.v1.train.get_or_create_global_step()
     mtf_graph, loss = model_fn.training_graph(features_fn())
-    return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count)
+    return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count,
+                         shard_weight_update=shard_weight_update,
+                         shard_parameters=shard_parameters)
 
 
 def mesh_shape_string(mesh_shape):

@@ -361,7 +361,8 @@ def _export_checkpoint(export_checkpoint_step, model_dir):
 def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
                    sequence_length, train_steps, total_run_steps,
                    learning_rate_schedule, ensemble_inputs, train_dataset_fn,
-                   processor_count_fn, **model_fn_args):
+                   processor_count_fn, shard_weight_update=False,
+                   shard_parameters=False, **model_fn_args):
   """The LayoutChoice of the run's training graph (layout_rules "auto"), on
   its mesh shape or (mesh_shape "auto") on processor_count_fn() processors;
   see run_auto_layout."""
@@ -389,7 +390,9 @@ def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
         model_type, batch_size, sequence_length, ensemble_inputs,
         train_dataset_fn, vocabulary)
 
-  return run_auto_layout.choose(model_fn, searched, features_fn)
+  return run_auto_layout.choose(model_fn, searched, features_fn,
+                                shard_weight_update=shard_weight_update,
+                                shard_parameters=shard_parameters)
 
 
 @gin.configurable(module=_GIN_MODULE)
@@ -526,7 +529,9 @@ def run(tpu_job_name,
         keep_checkpoint_max=keep_checkpoint_max,
         save_checkpoints_steps=save_checkpoints_steps, use_tpu=bool(tpu),
         processor_count_fn=lambda: run_devices.processor_count(
-            mesh_devices, cluster))
+            mesh_devices, cluster),
+        shard_weight_update=shard_weight_update,
+        shard_parameters=shard_parameters)
     run_auto_layout.report(choice)
     run_auto_layout.bind_choice(choice)
     # Called again through gin, which now supplies the chosen values and

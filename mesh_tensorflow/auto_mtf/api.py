@@ -63,7 +63,8 @@ class LayoutChoice:
 
 
 def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
-           memory_budget=None, machine=None):
+           memory_budget=None, machine=None, shard_weight_update=False,
+           shard_parameters=False):
   """The layout rules of `mtf_graph` on a mesh of `mesh_shape`.
 
   Args:
@@ -75,6 +76,10 @@ def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
     memory_budget: optional bytes per processor the peak must not exceed.
     machine: objective "time": a machine.MachineConstants (or a dict, JSON
       string or JSON path of one); None measures this machine (cached).
+    shard_weight_update: count the optimizer's slots as
+      mtf.shard_data_parallel stores them, sharded over the mesh dimensions
+      the batch is split over (ZeRO-1/2).
+    shard_parameters: the variables too (ZeRO-3).
 
   Returns:
     an mtf.LayoutRules.
@@ -84,12 +89,15 @@ def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
       names the smallest peak there is).
   """
   return choose_layout(mtf_graph, mesh_shape, mtf_outputs, objective,
-                       memory_budget, machine).layout_rules
+                       memory_budget, machine,
+                       shard_weight_update=shard_weight_update,
+                       shard_parameters=shard_parameters).layout_rules
 
 
 def layout_and_mesh_shape(mtf_graph, num_machines, mtf_outputs=(),
                           max_mesh_shape_dimensions=2, objective="memory",
-                          memory_budget=None, machine=None):
+                          memory_budget=None, machine=None,
+                          shard_weight_update=False, shard_parameters=False):
   """Layout rules and a mesh shape for `num_machines` processors.
 
   Tries every mesh shape of num_machines processors with at most
@@ -102,13 +110,15 @@ def layout_and_mesh_shape(mtf_graph, num_machines, mtf_outputs=(),
     (mtf.LayoutRules, mtf.Shape).
   """
   choice = choose_layout(mtf_graph, num_machines, mtf_outputs, objective,
-                         memory_budget, machine, max_mesh_shape_dimensions)
+                         memory_budget, machine, max_mesh_shape_dimensions,
+                         shard_weight_update, shard_parameters)
   return choice.layout_rules, choice.mesh_shape
 
 
 def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
                   memory_budget=None, machine=None,
-                  max_mesh_shape_dimensions=2):
+                  max_mesh_shape_dimensions=2, shard_weight_update=False,
+                  shard_parameters=False):
   """The LayoutChoice for a mesh shape, or for a processor count (an int:
   every mesh shape of it is tried, as in layout_and_mesh_shape)."""
   if isinstance(mesh_shape, int):
@@ -129,7 +139,8 @@ def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
     try:
       optimizer = layout_optimizer.LayoutOptimizer(
           estimator, objective=objective, memory_budget=memory_budget,
-          machine=constants)
+          machine=constants, shard_weight_update=shard_weight_update,
+          shard_parameters=shard_parameters)
       layout_string = optimizer.solve()
     except layout_optimizer.SolverError as e:
       searched += time.perf_counter() - start

@@ -36,6 +36,8 @@ import itertools
 import logging
 import time
 
+from mesh_tensorflow import data_parallel_sharding
+from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.auto_mtf import print_cp_model_solution
 from mesh_tensorflow.auto_mtf import scheduler
@@ -60,7 +62,8 @@ class LayoutOptimizer(object):
 
   def __init__(self, memory_estimator, scheduler_alg="LIST",
                objective="memory", memory_budget=None, machine=None,
-               max_search_seconds=60.0):
+               max_search_seconds=60.0, shard_weight_update=False,
+               shard_parameters=False):
     """Sets up the integer program.
 
     Args:
@@ -73,6 +76,10 @@ class LayoutOptimizer(object):
         anything machine.machine_constants takes); None calibrates this
         machine for the mesh (cached on disk).
       max_search_seconds: the solver's time limit.
+      shard_weight_update: count memory as mtf.shard_data_parallel would
+        store it: the optimizer's slots sharded over the mesh dimensions a
+        name containing "batch" is split over (ZeRO-1/2).
+      shard_parameters: the variables too (ZeRO-3).
 
     Raises:
       ValueError: an unknown objective or a non-positive budget.
@@ -92,6 +99,9 @@ class LayoutOptimizer(object):
     self._objective = objective
     self._memory_budget = memory_budget
     self._max_search_seconds = max_search_seconds
+    self._shard_parameters = bool(shard_parameters)
+    self._shard_weight_update = bool(shard_weight_update) or (
+        self._shard_parameters)
     self._layout_validator = memory_estimator.get_layout_validator()
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
@@ -122,6 +132,7 @@ class LayoutOptimizer(object):
         name: frozenset(
             set(graph.get_tensor_mtf_dimension_names(name)) & splittable)
         for name in graph.get_all_tensor_names()}
+    self._sharded_tensors = self._find_sharded_tensors(splittable)
     self._operation_dimension_sets = set(
         self._operation_dimension_set.values())
     self._dimension_sets = self._operation_dimension_sets | set(
@@ -131,6 +142,46 @@ class LayoutOptimizer(object):
             a for a in _generate_assignments(dimension_set, self._mesh_sizes)
             if self._allowed(a)]
         for dimension_set in self._dimension_sets}
+
+  def _find_sharded_tensors(self, splittable):
+    """{tensor name: mtf Tensor} of the variables data-parallel sharding
+    stores as shards (slots; with shard_parameters, every variable). Their
+    dimension sets gain the batch names, whose mesh dimensions shard them."""
+    if not self._shard_weight_update:
+      return {}
+    self._data_names = frozenset(n for n in splittable if "batch" in n)
+    graph = self._estimator.mtf_graph
+    trainable = {id(v) for v in graph.trainable_variables}
+    sharded = {}
+    for variable in graph.all_variables:
+      if self._shard_parameters or id(variable) not in trainable:
+        tensor = variable.outputs[0]
+        sharded[tensor.name] = tensor
+        self._tensor_dimension_set[tensor.name] = (
+            self._tensor_dimension_set[tensor.name] | self._data_names)
+    return sharded
+
+  def _tensor_bytes(self, tensor_name, assignment):
+    """Bytes per processor of a tensor under an assignment of (at least)
+    its dimension set, sharded as mtf.shard_data_parallel would."""
+    tensor = self._sharded_tensors.get(tensor_name)
+    if tensor is None:
+      return self._graph.get_tensor_size(tensor_name, assignment,
+                                         self._mesh_sizes)
+    data_mesh_dims = sorted({m for d, m in assignment.items()
+                             if d in self._data_names})
+    own = {d: m for d, m in assignment.items()
+           if d in tensor.shape.dimension_names}
+    if not data_mesh_dims:
+      return self._graph.get_tensor_size(tensor_name, own, self._mesh_sizes)
+    rules = ";".join(f"{d}:{m}" for d, m in sorted(own.items()))
+    mesh_shape = _mesh_string(self._mesh_sizes)
+    sharding = data_parallel_sharding.DataParallelSharding(
+        mesh_shape, rules, shard_parameters=self._shard_parameters,
+        data_mesh_dims=data_mesh_dims)
+    update_shape = sharding.plan_variable(tensor_name, tensor.shape)
+    impl = mesh_impl_lib.MeshImpl(mesh_shape, rules)
+    return impl.slice_size(update_shape) * tensor.dtype.size
 
   def _allowed(self, assignment):
     return all(self._layout_validator.is_valid_assignment(d, m)
@@ -185,11 +236,19 @@ class LayoutOptimizer(object):
   def _memory_expression(self, bytes_by_set):
     """Bytes per processor of a step's tensors, as a linear expression."""
     terms = []
-    for dimension_set, whole_bytes in bytes_by_set.items():
-      local = self._local_vars[dimension_set]
-      for assignment in self._assignments[dimension_set]:
+    for key, whole_bytes in bytes_by_set.items():
+      if isinstance(key, _ShardedTensor):
+        dimension_set = self._tensor_dimension_set[key.name]
+        local = self._local_vars[dimension_set]
+        for assignment in self._assignments[dimension_set]:
+          size = self._tensor_bytes(key.name, assignment)
+          terms.append(
+              size * local[_local_var_name(dimension_set, assignment)])
+        continue
+      local = self._local_vars[key]
+      for assignment in self._assignments[key]:
         size = -(-whole_bytes // _divisor(assignment, self._mesh_sizes))
-        terms.append(size * local[_local_var_name(dimension_set, assignment)])
+        terms.append(size * local[_local_var_name(key, assignment)])
     return sum(terms)
 
   def _memory_steps(self):
@@ -204,7 +263,9 @@ class LayoutOptimizer(object):
     for contents in self._get_memory_contents():
       totals = collections.Counter()
       for t in contents:
-        if t in tensor_bytes:
+        if t in self._sharded_tensors:
+          totals[_ShardedTensor(t)] += 1
+        elif t in tensor_bytes:
           totals[self._tensor_dimension_set[t]] += tensor_bytes[t]
       steps.add(frozenset(totals.items()))
     steps = [dict(s) for s in steps]
@@ -280,7 +341,9 @@ class LayoutOptimizer(object):
     reaches."""
     unbounded = LayoutOptimizer(self._estimator, self._scheduler_alg,
                                 objective="memory",
-                                max_search_seconds=self._max_search_seconds)
+                                max_search_seconds=self._max_search_seconds,
+                                shard_weight_update=self._shard_weight_update,
+                                shard_parameters=self._shard_parameters)
     smallest_layout = unbounded.solve()
     smallest = unbounded.evaluate_layout(smallest_layout)
     return SolverError(
@@ -305,8 +368,12 @@ class LayoutOptimizer(object):
     graph = self._graph
     sizes = {}
     for t in graph.get_all_tensor_names():
-      sizes[t] = (graph.get_tensor_size(t, layout, self._mesh_sizes)
-                  if graph.is_tensor_on_canonical_device(t) else 0)
+      if not graph.is_tensor_on_canonical_device(t):
+        sizes[t] = 0
+        continue
+      assignment = {d: layout[d] for d in self._tensor_dimension_set[t]
+                    if d in layout}
+      sizes[t] = self._tensor_bytes(t, assignment)
     return max((sum(sizes[t] for t in contents)
                 for contents in self._get_memory_contents()), default=0)
 
@@ -351,6 +418,11 @@ def _step_cost_table(estimator, validator, machine):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+class _ShardedTensor(collections.namedtuple("_ShardedTensor", ["name"])):
+  """A memory step's key for one sharded variable (its bytes depend on its
+  own dimensions' sizes, not only on how many processors split them)."""
 
 
 def _dominates(big, small):

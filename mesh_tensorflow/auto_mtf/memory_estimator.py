@@ -6,6 +6,9 @@ stand-in that needs no lowering. `MemoryEstimator` bundles what the layout
 optimizer reads: a `LayoutValidator` (which assignments are allowed) and a
 `GraphInterface` (operations, tensors, sizes) with the graph's outputs
 marked final, so that the schedule never frees them.
+
+Changed from the original: variables (weights and optimizer slots) are
+marked final too, since they stay in memory for the whole step.
 """
 
 from mesh_tensorflow import shape as shape_lib
@@ -44,11 +47,13 @@ class MemoryEstimator(object):
     return self._layout_validator
 
   def get_graph_interface(self):
-    """The graph_interface.GraphInterface of the graph, outputs final
-    (made once)."""
+    """The graph_interface.GraphInterface of the graph, outputs and
+    variables final (made once)."""
     if self._graph_interface is None:
       interface = graph_interface.GraphInterface(self.mtf_graph)
       for output in self.mtf_outputs:
         interface.set_tensor_final(output.name)
+      for variable in self.mtf_graph.all_variables:
+        interface.set_tensor_final(variable.outputs[0].name)
       self._graph_interface = interface
     return self._graph_interface

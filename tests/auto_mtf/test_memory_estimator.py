@@ -33,3 +33,13 @@ def test_graph_interface_marks_outputs_final():
   assert graph.get_tensor_shape("Z:0") == tf.TensorShape([3, 5])
   assert not graph.is_tensor_final("Y:0")
   assert graph.is_tensor_final("Z:0")
+
+
+def test_variables_stay_in_memory():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  w = mtf.get_variable(mesh, "w", "a:4,b:4")
+  y = mtf.reduce_sum(w * 2.0)
+  interface = memory_estimator.MemoryEstimator(
+      graph, "x:2", [y]).get_graph_interface()
+  assert interface.is_tensor_final(w.operation.outputs[0].name)
