@@ -112,18 +112,7 @@ def train_variables(make_loss, make_optimizers, mesh_shape, layout, mode,
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     shard(mesh, mesh_shape, layout, sharding)
-    loss = make_loss(mesh)
-    variables = graph.trainable_variables
-    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    updates = []
-    groups = {}
-    for var, grad in zip(variables, grads):
-      optimizer = _optimizer_for(var.name, make_optimizers_cache())
-      groups.setdefault(id(optimizer), (optimizer, [], []))
-      groups[id(optimizer)][1].append(grad)
-      groups[id(optimizer)][2].append(var)
-    for optimizer, group_grads, group_vars in groups.values():
-      updates += optimizer.apply_grads(group_grads, group_vars)
+    _, updates = training_step(mesh, make_loss, make_optimizers_cache())
     if mode == "graph":
       reads = {v.name: v.outputs[0] for v in graph.all_variables}
     else:
@@ -183,6 +172,37 @@ def train_variables(make_loss, make_optimizers, mesh_shape, layout, mode,
           info["slice_shapes"])
 
 
+def training_step(mesh, make_loss, optimizers):
+  """Builds the loss, gradients and (unless `optimizers` is None) updates
+  of one training step on `mesh`; each trainable variable is updated by
+  the optimizer of the first (prefix, optimizer) of `optimizers` its name
+  starts with. Returns (loss, update operations)."""
+  loss = make_loss(mesh)
+  variables = mesh.graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  updates = []
+  if optimizers is None:
+    return loss, updates
+  groups = {}
+  for var, grad in zip(variables, grads):
+    optimizer = _optimizer_for(var.name, optimizers)
+    group = groups.setdefault(id(optimizer), (optimizer, [], []))
+    group[1].append(grad)
+    group[2].append(var)
+  for optimizer, group_grads, group_vars in groups.values():
+    updates += optimizer.apply_grads(group_grads, group_vars)
+  return loss, updates
+
+
+def unlowered_training_step(make_loss, optimizers):
+  """(mtf graph, loss) of training_step, built in a scratch tf.Graph and
+  never lowered: what a layout search reads."""
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    loss, _ = training_step(mtf.Mesh(graph, "mesh"), make_loss, optimizers)
+  return graph, loss
+
+
 def _optimizer_for(name, optimizers):
   """The optimizer of the first prefix `name` starts with."""
   matches = [opt for prefix, opt in optimizers if name.startswith(prefix)]
@@ -213,19 +233,7 @@ def lower_only(make_loss, make_optimizers, mesh_shape, layout, sharding,
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     shard(mesh, mesh_shape, layout, sharding)
-    loss = make_loss(mesh)
-    variables = graph.trainable_variables
-    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    if with_update:
-      optimizers = make_optimizers()
-      groups = {}
-      for var, grad in zip(variables, grads):
-        optimizer = _optimizer_for(var.name, optimizers)
-        group = groups.setdefault(id(optimizer), (optimizer, [], []))
-        group[1].append(grad)
-        group[2].append(var)
-      for optimizer, group_grads, group_vars in groups.values():
-        optimizer.apply_grads(group_grads, group_vars)
+    training_step(mesh, make_loss, make_optimizers() if with_update else None)
     lowering = mtf.Lowering(graph, {mesh: impl})
     slice_bytes = {v.name: impl.slice_size(v.shape) * v.master_dtype.size
                    for v in graph.all_variables}

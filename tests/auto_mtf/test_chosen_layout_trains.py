@@ -1,7 +1,6 @@
 """A layout the search picks trains to the same numbers as one processor."""
 
 import pytest
-import tensorflow as tf
 
 import mesh_tensorflow as mtf
 import mesh_tensorflow.auto_mtf
@@ -17,18 +16,6 @@ SLOW_COMPUTE = machine.machine_constants({
                            "seconds_per_wire_byte": 1e-12}})
 
 
-def _training_graph():
-  """The MLP stack's training step (every optimizer), built unlowered."""
-  with tf.Graph().as_default():
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    loss = sharding_training.mlp_loss(mesh)
-    variables = graph.trainable_variables
-    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
-  return graph, loss
-
-
 def _sgd():
   # Plain SGD: a change of summation order stays at round-off (Adam-like
   # updates magnify it on near-zero gradients; test_sharded_training.py
@@ -38,7 +25,8 @@ def _sgd():
 
 @pytest.mark.parametrize("objective", ["memory", "time"])
 def test_the_chosen_layout_trains_like_one_processor(objective):
-  graph, loss = _training_graph()
+  graph, loss = sharding_training.unlowered_training_step(
+      sharding_training.mlp_loss, _sgd())
   rules = mtf.auto_mtf.layout(graph, MESH, [loss], objective=objective,
                               machine=SLOW_COMPUTE)
   assert len(rules), "the search split nothing: the test would prove little"

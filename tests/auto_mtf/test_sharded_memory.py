@@ -1,9 +1,7 @@
 """The search counts memory as data-parallel sharding stores it."""
 
 import pytest
-import tensorflow as tf
 
-import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import memory_estimator
 from tests import sharding_training
@@ -15,16 +13,8 @@ LAYOUT = "batch:b;d_ff:m"
 def _optimizer(sharding):
   """A memory-objective optimizer of the MLP stack's training step (every
   optimizer kind), counting `sharding` ("none", "update", "parameters")."""
-  with tf.Graph().as_default():
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    loss = sharding_training.mlp_loss(mesh)
-    variables = graph.trainable_variables
-    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    optimizers = sharding_training.make_optimizers()
-    for var, grad in zip(variables, grads):
-      optimizer = sharding_training._optimizer_for(var.name, optimizers)  # pylint: disable=protected-access
-      optimizer.apply_grads([grad], [var])
+  graph, loss = sharding_training.unlowered_training_step(
+      sharding_training.mlp_loss, sharding_training.make_optimizers())
   estimator = memory_estimator.MemoryEstimator(graph, MESH, [loss])
   optimizer = layout_optimizer.LayoutOptimizer(
       estimator, shard_weight_update=sharding != "none",
