@@ -325,7 +325,7 @@ def run_case(tf, mtf, model, mesh_key, args):
           for name, rules in gin_layouts(mesh_spec).items()}
   everything = list(valid_layouts.enumerate_layouts(
       estimator.get_layout_validator(),
-      timed._operation_dimension_sets))  # pylint: disable=protected-access
+      timed.constraint_sets))
   layouts = sample_layouts(everything, [time_pick, memory_pick,
                                         *gins.values()],
                            args.max_layouts, args.seed)

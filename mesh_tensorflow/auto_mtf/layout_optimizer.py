@@ -106,12 +106,14 @@ class LayoutOptimizer(object):
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
     self._memory_contents = None
+    self._model = self._cp_model.CpModel()
+    self._preprocess_input()
     self._step_costs = None
     if objective == "time":
       self._step_costs = _step_cost_table(
-          memory_estimator, self._layout_validator, machine)
-    self._model = self._cp_model.CpModel()
-    self._preprocess_input()
+          memory_estimator, self._layout_validator, machine,
+          self._assignments_of)
+      self._dimension_sets |= set(self._step_costs)
     self._initialize_variables()
     self._add_constraints()
     self._build_objective_function()
@@ -135,13 +137,59 @@ class LayoutOptimizer(object):
     self._sharded_tensors = self._find_sharded_tensors(splittable)
     self._operation_dimension_sets = set(
         self._operation_dimension_set.values())
+    self.constraint_sets = self._interacting_sets(splittable)
     self._dimension_sets = self._operation_dimension_sets | set(
-        self._tensor_dimension_set.values()) | set(self._step_costs or ())
-    self._assignments = {
-        dimension_set: [
-            a for a in _generate_assignments(dimension_set, self._mesh_sizes)
-            if self._allowed(a)]
-        for dimension_set in self._dimension_sets}
+        self._tensor_dimension_set.values())
+    self._neighbours = collections.defaultdict(set)
+    for dimension_set in self.constraint_sets:
+      for name in dimension_set:
+        self._neighbours[name].update(dimension_set - {name})
+    self._assignments = {}
+
+  def _interacting_sets(self, splittable):
+    """Sets of names no two of which may share a mesh dimension: those of
+    each operation, except that an operation without outputs that reads
+    several tensors (a combined assignment of many variables) gives one
+    set per input, since its inputs never meet."""
+    sets = set()
+    for op in self._estimator.mtf_graph.operations:
+      if not op.outputs and len(op.inputs) > 1:
+        for t in op.inputs:
+          sets.add(frozenset(set(t.shape.dimension_names) & splittable))
+      else:
+        sets.add(self._operation_dimension_set[op.name])
+    return sets
+
+  def _assignments_of(self, dimension_set):
+    """Every allowed assignment of `dimension_set` (made once): each name
+    unsplit or on a mesh dimension it divides, two names on one mesh
+    dimension only if no operation uses both (a set gathered from several
+    operations, as a cost set is, may hold such a pair)."""
+    found = self._assignments.get(dimension_set)
+    if found is None:
+      found = []
+      names = sorted(dimension_set)
+      options = {n: [m for m in self._mesh_sizes
+                     if self._layout_validator.is_valid_assignment(n, m)]
+                 for n in names}
+
+      def extend(index, assignment):
+        if index == len(names):
+          found.append(dict(assignment))
+          return
+        name = names[index]
+        extend(index + 1, assignment)
+        taken = {assignment[d] for d in self._neighbours[name]
+                 if d in assignment}
+        for m in options[name]:
+          if m not in taken:
+            assignment[name] = m
+            extend(index + 1, assignment)
+            del assignment[name]
+
+      extend(0, {})
+      self._assignments[dimension_set] = found
+    return found
 
   def _find_sharded_tensors(self, splittable):
     """{tensor name: mtf Tensor} of the variables data-parallel sharding
@@ -183,10 +231,6 @@ class LayoutOptimizer(object):
     impl = mesh_impl_lib.MeshImpl(mesh_shape, rules)
     return impl.slice_size(update_shape) * tensor.dtype.size
 
-  def _allowed(self, assignment):
-    return all(self._layout_validator.is_valid_assignment(d, m)
-               for d, m in assignment.items())
-
   def _initialize_variables(self):
     model = self._model
     self._global_vars = {}
@@ -198,7 +242,7 @@ class LayoutOptimizer(object):
       self._local_vars[dimension_set] = {
           _local_var_name(dimension_set, a): model.new_bool_var(
               _local_var_name(dimension_set, a))
-          for a in self._assignments[dimension_set]}
+          for a in self._assignments_of(dimension_set)}
     upper_bound = sum(
         self._graph.get_tensor_size(t)
         for t in self._graph.get_all_tensor_names()
@@ -209,7 +253,7 @@ class LayoutOptimizer(object):
     model = self._model
     x = self._global_vars
     for m in self._mesh_sizes:
-      for dimension_set in self._operation_dimension_sets:
+      for dimension_set in self.constraint_sets:
         if len(dimension_set) > 1:
           model.add(sum(x[(d, m)] for d in dimension_set) <= 1)
     for d in self._layout_validator.splittable_mtf_dimension_names:
@@ -220,7 +264,7 @@ class LayoutOptimizer(object):
     for dimension_set in self._dimension_sets:
       local = self._local_vars[dimension_set]
       model.add_exactly_one(list(local.values()))
-      for assignment in self._assignments[dimension_set]:
+      for assignment in self._assignments_of(dimension_set):
         y = local[_local_var_name(dimension_set, assignment)]
         for d in dimension_set:
           if d in assignment:
@@ -240,13 +284,13 @@ class LayoutOptimizer(object):
       if isinstance(key, _ShardedTensor):
         dimension_set = self._tensor_dimension_set[key.name]
         local = self._local_vars[dimension_set]
-        for assignment in self._assignments[dimension_set]:
+        for assignment in self._assignments_of(dimension_set):
           size = self._tensor_bytes(key.name, assignment)
           terms.append(
               size * local[_local_var_name(dimension_set, assignment)])
         continue
       local = self._local_vars[key]
-      for assignment in self._assignments[key]:
+      for assignment in self._assignments_of(key):
         size = -(-whole_bytes // _divisor(assignment, self._mesh_sizes))
         terms.append(size * local[_local_var_name(key, assignment)])
     return sum(terms)
@@ -284,7 +328,7 @@ class LayoutOptimizer(object):
     terms = []
     for dimension_set, costs in self._step_costs.items():
       local = self._local_vars[dimension_set]
-      for assignment in self._assignments[dimension_set]:
+      for assignment in self._assignments_of(dimension_set):
         key = _local_var_name(dimension_set, assignment)
         terms.append(_nanoseconds(costs[key]) * local[key])
     self._model.minimize(scale * sum(terms) - splits)
@@ -333,7 +377,7 @@ class LayoutOptimizer(object):
     layout = {d: m for (d, m), var in self._global_vars.items()
               if solver.value(var)}
     self._layout_validator.validate_layout(
-        layout, self._operation_dimension_sets)
+        layout, self.constraint_sets)
     return _layout_string(layout)
 
   def _budget_error(self):
@@ -408,13 +452,13 @@ class LayoutOptimizer(object):
 # ------------------------------------------------------------- step costs
 
 
-def _step_cost_table(estimator, validator, machine):
-  """{operation dimension set: {local var name: predicted seconds}}: each
-  operation's cost under every allowed assignment of its dimension set,
-  summed over the operations sharing the set."""
+def _step_cost_table(estimator, validator, machine, assignments_of):
+  """{dimension set: {local var name: predicted seconds}}: each operation's
+  cost under every allowed assignment of the names it depends on, summed
+  over the operations sharing those names."""
   # Imported here: the time objective's modules are not needed otherwise.
   from mesh_tensorflow.auto_mtf import step_cost  # pylint: disable=g-import-not-at-top
-  return step_cost.cost_table(estimator, validator, machine)
+  return step_cost.cost_table(estimator, validator, machine, assignments_of)
 
 
 # ---------------------------------------------------------------- helpers

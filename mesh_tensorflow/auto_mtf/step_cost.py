@@ -29,7 +29,7 @@ def operation_seconds(cost, machine, num_processors):
   return seconds
 
 
-def cost_table(estimator, validator, machine):
+def cost_table(estimator, validator, machine, assignments_of):
   """{dimension set: {local variable name: seconds}}.
 
   Operations are grouped by the splittable names their cost depends on
@@ -42,6 +42,8 @@ def cost_table(estimator, validator, machine):
     validator: its valid_layouts.LayoutValidator.
     machine: a machine.MachineConstants (compute_seconds and
       collective_seconds).
+    assignments_of: fn(dimension set) -> the allowed assignments (dicts)
+      of those names, as the layout optimizer has them.
   """
   mesh_sizes = validator.mesh_dimension_name_to_size
   num_processors = shape_lib.list_product(mesh_sizes.values())
@@ -54,11 +56,7 @@ def cost_table(estimator, validator, machine):
   table = {}
   for dimension_set, operations in groups.items():
     costs = {}
-    for assignment in layout_optimizer._generate_assignments(  # pylint: disable=protected-access
-        dimension_set, mesh_sizes):
-      if not all(validator.is_valid_assignment(d, m)
-                 for d, m in assignment.items()):
-        continue
+    for assignment in assignments_of(dimension_set):
       seconds = 0.0
       for operation in operations:
         seconds += operation_seconds(

@@ -150,3 +150,29 @@ def test_print_solution(capsys):
   assert "x_(c:m1) = 1" in out
   assert "Minimize:" in out and "z" in out
   assert "Objective value:" in out
+
+
+def test_names_that_never_meet_may_share_a_mesh_dimension():
+  # heads and vocab never meet in a Transformer, but one combined
+  # assignment updates the variables of both (the shipped dp_mp layouts
+  # split both over "model"). Here: two unrelated layers, one optimizer.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    losses, weights = [], []
+    for i, (d_in, d_out) in enumerate([("p", "heads"), ("q", "vocab")]):
+      x = mtf.zeros(mesh, f"batch:8,{d_in}:4")
+      w = mtf.get_variable(mesh, f"w{i}", f"{d_in}:4,{d_out}:8")
+      losses.append(mtf.reduce_sum(mtf.einsum([x, w], f"batch:8,{d_out}:8")))
+      weights.append(w.operation)
+    loss = mtf.add_n(losses)
+    grads = mtf.gradients([loss], [w.outputs[0] for w in weights])
+    mtf.optimize.AdafactorOptimizer().apply_grads(grads, weights)
+  estimator = memory_estimator.MemoryEstimator(graph, "m:4", [loss])
+  optimizer = layout_optimizer.LayoutOptimizer(estimator)
+  assert optimizer.evaluate_layout("heads:m;vocab:m") < (
+      optimizer.evaluate_layout("heads:m"))
+  # The best splits one name of each layer over m (which two is a tie).
+  pairs = [pair.split(":") for pair in optimizer.solve().split(";")]
+  assert len(pairs) == 2 and all(m == "m" for _, m in pairs)
