@@ -453,6 +453,20 @@ def extra_layout_params(case_id, mesh_shape, layout, modes=MODES):
           for mode in modes if mode in EVERY_LAYOUT_MODES]
 
 
+def mesh_layout_mode_params(layouts, modes=MODES):
+  """pytest parameters (mesh_shape, layout, mode) for (mesh_shape, layout)
+  pairs, as layout_mode_params chooses them: every pair in the modes of
+  `modes` that are in EVERY_LAYOUT_MODES, the other modes on the first
+  pair whose mesh has two dimensions (on every pair when none has)."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  two_d = [i for i, (mesh, _) in enumerate(layouts) if mesh.count(":") == 2]
+  traced = set(two_d[:1]) or set(range(len(layouts)))
+  return [pytest.param(mesh, layout, mode,
+                       id=f"{mesh}-{layout or 'none'}-{mode}")
+          for i, (mesh, layout) in enumerate(layouts) for mode in modes
+          if mode in EVERY_LAYOUT_MODES or i in traced]
+
+
 def slicewise_layout_ids(dim_names):
   """The standard layouts that reach every lowering path of an op whose
   inputs and output all have `dim_names` (an element-wise op).

@@ -78,3 +78,16 @@ def test_layout_mode_params_traces_on_the_2d_layout_only():
   ids = [p.id for p in mtf_testing.layout_mode_params(
       ["a", "b"], layouts=["all8_b"])]
   assert ids == [f"all8_b-{mode}" for mode in mtf_testing.MODES]
+
+
+def test_mesh_layout_mode_params_traces_on_the_first_2d_mesh():
+  layouts = [("all:1", ""), ("all:8", "h:all"), ("r:2;c:4", "b:r;h:c"),
+             ("r:2;c:4", "h:r;b:c")]
+  ids = [p.id for p in mtf_testing.mesh_layout_mode_params(layouts)]
+  assert ids == [f"{m}-{l or 'none'}-{mode}" for i, (m, l) in
+                 enumerate(layouts) for mode in mtf_testing.MODES
+                 if i == 2 or mode in ("eager", "simd")]
+  ids = [p.id for p in mtf_testing.mesh_layout_mode_params(
+      layouts[:2], modes=("eager", "graph"))]
+  assert ids == ["all:1-none-eager", "all:1-none-graph",
+                 "all:8-h:all-eager", "all:8-h:all-graph"]
