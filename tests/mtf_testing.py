@@ -13,6 +13,16 @@ for the layout in V1_SHAPES_LAYOUTS (the 2-D mesh, whose collectives run on
 two mesh axes), not for all of them: it lowers the same way as "graph", and
 the suite has a time budget (all standard layouts cost ~5 minutes of CPU
 time, this one ~1.5).
+
+For the same budget, `layout_mode_params` runs every layout in the modes
+of EVERY_LAYOUT_MODES only ("eager" on PlacementMeshImpl, "simd" on
+SimdMeshImpl), and tf.function and graph mode on the layouts of
+TRACED_MODE_LAYOUTS (the 2-D mesh). On one mesh implementation the lowering
+is the same Python code in every mode, so what a layout changes (which
+slices, which collectives) is checked eagerly, and what a mode changes
+(tracing, a compat-mode Session, static shapes) is checked on the layout
+that splits the most; the pair (mode, layout) adds nothing the two do not.
+tf.function and graph mode are ~40% of an op test's time.
 """
 
 import contextlib
@@ -36,6 +46,10 @@ V1_SHAPES_MODE = "graph_v1_shapes"
 V1_SHAPES_LAYOUTS = ("2d",)
 # The modes that run a compat-mode tf.Graph in a Session.
 GRAPH_MODES = ("graph", V1_SHAPES_MODE)
+# The modes layout_mode_params runs under every layout; the others run on
+# the standard_layouts case ids in TRACED_MODE_LAYOUTS.
+EVERY_LAYOUT_MODES = ("eager", "simd")
+TRACED_MODE_LAYOUTS = ("2d",)
 
 
 @contextlib.contextmanager
@@ -394,12 +408,17 @@ def assert_replicas_agree(slices, begins, what):
 
 
 def layout_mode_params(dim_names, modes=MODES,
-                       v1_shapes_layouts=V1_SHAPES_LAYOUTS, layouts=None):
+                       v1_shapes_layouts=V1_SHAPES_LAYOUTS, layouts=None,
+                       every_layout_modes=EVERY_LAYOUT_MODES,
+                       traced_mode_layouts=TRACED_MODE_LAYOUTS):
   """pytest parameters (mesh_shape, layout, mode) with readable ids.
 
   Every standard layout (or only the case ids in `layouts`) in each of
-  `modes`; when `modes` has "graph", also the layouts named in
-  `v1_shapes_layouts` in V1_SHAPES_MODE.
+  `modes` that is in `every_layout_modes`; the other modes on the layouts
+  named in `traced_mode_layouts` (on every chosen layout when none of
+  them is chosen; pass every_layout_modes=MODES for the full product); when
+  `modes` has "graph", also the layouts named in `v1_shapes_layouts` in
+  V1_SHAPES_MODE.
   """
   import pytest  # pylint: disable=g-import-not-at-top
   cases = standard_layouts(dim_names)
@@ -409,8 +428,12 @@ def layout_mode_params(dim_names, modes=MODES,
       raise ValueError(f"No standard layouts {sorted(unknown)} for "
                        f"dimensions {dim_names}")
     cases = [case for case in cases if case[0] in layouts]
+  traced_cases = {case[0] for case in cases} & set(traced_mode_layouts)
+  if not traced_cases:
+    traced_cases = {case[0] for case in cases}
   params = [pytest.param(mesh, layout, mode, id=f"{case_id}-{mode}")
-            for case_id, mesh, layout in cases for mode in modes]
+            for case_id, mesh, layout in cases for mode in modes
+            if mode in every_layout_modes or case_id in traced_cases]
   if "graph" in modes and V1_SHAPES_MODE not in modes:
     params += [
         pytest.param(mesh, layout, V1_SHAPES_MODE,
@@ -418,6 +441,30 @@ def layout_mode_params(dim_names, modes=MODES,
         for case_id, mesh, layout in cases
         if case_id in v1_shapes_layouts]
   return params
+
+
+def extra_layout_params(case_id, mesh_shape, layout, modes=MODES):
+  """pytest parameters (mesh_shape, layout, mode) for a layout beside the
+  standard ones: in the modes of `modes` that are in EVERY_LAYOUT_MODES,
+  as layout_mode_params runs a layout outside TRACED_MODE_LAYOUTS (the
+  test's standard 2-D layout runs in the other modes)."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  return [pytest.param(mesh_shape, layout, mode, id=f"{case_id}-{mode}")
+          for mode in modes if mode in EVERY_LAYOUT_MODES]
+
+
+def mesh_layout_mode_params(layouts, modes=MODES):
+  """pytest parameters (mesh_shape, layout, mode) for (mesh_shape, layout)
+  pairs, as layout_mode_params chooses them: every pair in the modes of
+  `modes` that are in EVERY_LAYOUT_MODES, the other modes on the first
+  pair whose mesh has two dimensions (on every pair when none has)."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  two_d = [i for i, (mesh, _) in enumerate(layouts) if mesh.count(":") == 2]
+  traced = set(two_d[:1]) or set(range(len(layouts)))
+  return [pytest.param(mesh, layout, mode,
+                       id=f"{mesh}-{layout or 'none'}-{mode}")
+          for i, (mesh, layout) in enumerate(layouts) for mode in modes
+          if mode in EVERY_LAYOUT_MODES or i in traced]
 
 
 def slicewise_layout_ids(dim_names):

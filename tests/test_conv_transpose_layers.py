@@ -24,8 +24,7 @@ LAYOUTS = [("all:1", ""), ("all:4", "batch:all"),
 
 
 def _params(layouts, modes=mtf_testing.MODES):
-  return [pytest.param(m, l, mode, id=f"{m}-{l or 'none'}-{mode}")
-          for m, l in layouts for mode in modes]
+  return mtf_testing.mesh_layout_mode_params(layouts, modes)
 
 
 def _rand(shape, seed):

@@ -27,8 +27,7 @@ VOCAB_LAYOUTS = [("all:1", ""), ("all:8", "vocab:all"),
 
 
 def _params(layouts, modes=MODES):
-  return [pytest.param(m, l, mode, id=f"{m}-{l or 'none'}-{mode}")
-          for m, l in layouts for mode in modes]
+  return mtf_testing.mesh_layout_mode_params(layouts, modes)
 
 
 def _rand(shape, seed, low=-1.0, high=1.0):

@@ -58,8 +58,36 @@ def test_unknown_objects_are_not_memoized_but_still_work():
 
 def test_layout_mode_params_keeps_only_the_named_layouts():
   ids = [p.id for p in mtf_testing.layout_mode_params(
-      ["a", "b"], layouts=mtf_testing.slicewise_layout_ids(["a", "b"]))]
+      ["a", "b"], layouts=mtf_testing.slicewise_layout_ids(["a", "b"]),
+      every_layout_modes=mtf_testing.MODES)]
   assert ids == [f"{case}-{mode}" for case in ("1proc", "all8_a", "2d")
                  for mode in mtf_testing.MODES] + ["2d-graph_v1_shapes"]
   with pytest.raises(ValueError, match="all8_c"):
     mtf_testing.layout_mode_params(["a", "b"], layouts=["all8_c"])
+
+
+def test_layout_mode_params_traces_on_the_2d_layout_only():
+  """Every layout in eager and simd mode; every mode on the 2-D mesh."""
+  ids = [p.id for p in mtf_testing.layout_mode_params(["a", "b"])]
+  layouts = ("1proc", "all8_a", "all8_b", "2d", "2d_swapped")
+  assert ids == [f"{case}-{mode}" for case in layouts
+                 for mode in mtf_testing.MODES
+                 if case == "2d" or mode in ("eager", "simd")
+                 ] + ["2d-graph_v1_shapes"]
+  # Without the 2-D layout among those chosen, every mode on each of them.
+  ids = [p.id for p in mtf_testing.layout_mode_params(
+      ["a", "b"], layouts=["all8_b"])]
+  assert ids == [f"all8_b-{mode}" for mode in mtf_testing.MODES]
+
+
+def test_mesh_layout_mode_params_traces_on_the_first_2d_mesh():
+  layouts = [("all:1", ""), ("all:8", "h:all"), ("r:2;c:4", "b:r;h:c"),
+             ("r:2;c:4", "h:r;b:c")]
+  ids = [p.id for p in mtf_testing.mesh_layout_mode_params(layouts)]
+  assert ids == [f"{m}-{l or 'none'}-{mode}" for i, (m, l) in
+                 enumerate(layouts) for mode in mtf_testing.MODES
+                 if i == 2 or mode in ("eager", "simd")]
+  ids = [p.id for p in mtf_testing.mesh_layout_mode_params(
+      layouts[:2], modes=("eager", "graph"))]
+  assert ids == ["all:1-none-eager", "all:1-none-graph",
+                 "all:8-h:all-eager", "all:8-h:all-graph"]

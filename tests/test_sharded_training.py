@@ -35,10 +35,14 @@ def _reference(mesh_shape, layout, impl_mode):
 
 
 def _mlp_cases():
-  """Every mesh with both shardings on placement; on SIMD, sharded
-  updates on every mesh and sharded parameters on one (the lowering is the
-  same; the SIMD collectives are what differs)."""
+  """The 1-D and a 2-D mesh with both shardings on placement; on SIMD,
+  sharded updates on both and sharded parameters on the 2-D one (the
+  lowering is the same; the SIMD collectives are what differs). The other
+  2-D mesh, b:4;m:2, takes the same code path with other shard sizes:
+  test_mlp_in_eager_and_graph_mode runs it with both shardings."""
   for mesh in MESHES:
+    if mesh.id == "b4m2":
+      continue
     for sharding in ("update", "parameters"):
       yield pytest.param(*mesh.values, "function", sharding,
                          id=f"{mesh.id}-placement-{sharding}")
@@ -98,8 +102,9 @@ def _lm_loss(mesh):
 _LM_2D = "batch:batch;d_ff:model;heads:model;vocab:model"
 
 
+# The 2-D mesh only: the MLP checks the 1-D batch mesh with every optimizer,
+# and the LM's variables are sharded by the same code on either mesh.
 @pytest.mark.parametrize("mesh_shape,layout,sharding", [
-    pytest.param("batch:8", "batch:batch", "update", id="batch8-update"),
     pytest.param("batch:2;model:4", _LM_2D, "update", id="b2m4-update"),
     pytest.param("batch:2;model:4", _LM_2D, "parameters",
                  id="b2m4-parameters"),

@@ -16,9 +16,8 @@ from tests import mtf_testing
 X_DIMS = ["batch", "h", "w", "cin"]
 F_DIMS = ["fh", "fw", "cin", "cout"]
 TRANSPOSE_F_DIMS = ["fh", "fw", "cout", "cin"]
-EXTRA_LAYOUT = [pytest.param("rows:2;cols:4", "cin:rows;cout:cols", mode,
-                             id=f"2d_cin_cout-{mode}")
-                for mode in mtf_testing.MODES]
+EXTRA_LAYOUT = mtf_testing.extra_layout_params(
+    "2d_cin_cout", "rows:2;cols:4", "cin:rows;cout:cols")
 CONV_PARAMS = (mtf_testing.layout_mode_params(["batch", "cin", "cout"]) +
                EXTRA_LAYOUT)
 

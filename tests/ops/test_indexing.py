@@ -11,10 +11,10 @@ V = 16  # Size of the looked-up (vocabulary) dimension.
 
 
 def _layouts(dim_names, extra):
-  """The standard layouts plus `extra` (id, mesh, layout) cases, x modes."""
-  cases = mtf_testing.standard_layouts(dim_names) + list(extra)
-  return [pytest.param(mesh, layout, mode, id=f"{case_id}-{mode}")
-          for case_id, mesh, layout in cases for mode in mtf_testing.MODES]
+  """layout_mode_params, plus `extra` (id, mesh, layout) cases."""
+  return mtf_testing.layout_mode_params(dim_names) + [
+      param for case in extra
+      for param in mtf_testing.extra_layout_params(*case)]
 
 
 def _indices(shape, seed=1, low=0, high=V):

@@ -14,10 +14,10 @@ from tests import mtf_testing
 
 
 def _params(spatial_split):
-  return mtf_testing.layout_mode_params(["batch", "c"]) + [
-      pytest.param("rows:2;cols:4", f"{spatial_split}:rows;c:cols", mode,
-                   id=f"{spatial_split}_split-{mode}")
-      for mode in mtf_testing.MODES]
+  return mtf_testing.layout_mode_params(
+      ["batch", "c"]) + mtf_testing.extra_layout_params(
+          f"{spatial_split}_split", "rows:2;cols:4",
+          f"{spatial_split}:rows;c:cols")
 
 
 def _np_pool(x, ksize, reduce_fn):

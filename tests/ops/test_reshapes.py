@@ -118,8 +118,9 @@ class RecordingMeshImpl(mtf.placement_mesh_impl.PlacementMeshImpl):
 
 def _custom_params(cases):
   # Every case in V1_SHAPES_MODE too: these are the collectives a layout
-  # change lowers to.
-  modes = mtf_testing.MODES + (mtf_testing.V1_SHAPES_MODE,)
+  # change lowers to. tf.function and plain graph mode run on the standard
+  # 2-D layout (test_reshape_standard_layouts), as layout_mode_params has it.
+  modes = mtf_testing.EVERY_LAYOUT_MODES + (mtf_testing.V1_SHAPES_MODE,)
   return [pytest.param(*case[1:], mode, id=f"{case[0]}-{mode}")
           for case in cases for mode in modes]
 
