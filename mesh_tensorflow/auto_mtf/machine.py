@@ -56,7 +56,7 @@ COLLECTIVE_KINDS = mesh_impl_lib.COLLECTIVE_KINDS
 CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
 _ANY_DIMS = ("*",)  # The key of a collective kind's default link.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: serial collectives, mtf operation overhead
 
 
 # ------------------------------------------------------------- constants
@@ -443,6 +443,11 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
     impl = _make_mesh_impl(shape, devices, mesh_impl)
     devices = impl.devices
     compute = _calibrate_compute(devices, plan)
+    if mesh_impl == "placement":
+      compute["op_overhead_seconds"] = max(
+          compute["op_overhead_seconds"],
+          _mtf_op_seconds(shape, devices, plan) * impl.size /
+          max(float(impl.size), compute["concurrency"]))
     collectives = _calibrate_collectives(impl, plan)
   links = [link for _, _, link in collectives]
   default = LinkConstants(
@@ -499,6 +504,11 @@ def _median_seconds(fn, args, runs, base=None, warmup=2):
     diffs.append(seconds[id(fn)] - (0.0 if base is None else
                                     seconds[id(base)]))
   return statistics.median(diffs)
+
+
+def _on_device_identity(value):
+  with tf.device(value.device):
+    return tf.identity(value)
 
 
 def _on(device, value):
@@ -581,6 +591,38 @@ def _elementwise_op_seconds(devices, size, chain, runs, rng):
   return max(t, 1e-9) / (2 * (chain // 2))
 
 
+def _mtf_op_seconds(shape, devices, plan):
+  """Seconds one element-wise mtf operation adds to a step when its small
+  operands are split over every mesh dimension (PlacementMeshImpl): the
+  per-operation cost of the lowering (one TF op per slice, the executor's
+  scheduling across devices) that element-wise chains of raw TF ops miss.
+  From chains of two lengths, so the import and export cancel."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  dims = [mtf.Dimension(f"_calibration_{i}", d.size * 4)
+          for i, d in enumerate(shape.dims)]
+  layout = ";".join(f"_calibration_{i}:{d.name}"
+                    for i, d in enumerate(shape.dims))
+  impl = placement_mesh_impl.PlacementMeshImpl(shape, layout, devices)
+  x = tf.constant(np.full([d.size for d in dims], 0.5, np.float32))
+
+  def chain_program(length):
+    def program(value):
+      graph = mtf.Graph()
+      mesh = mtf.Mesh(graph, "calibration")
+      t = mtf.import_tf_tensor(mesh, value, mtf.Shape(dims))
+      y = t
+      for _ in range(length // 2):  # Alternate ops: nothing fuses.
+        y = mtf.maximum(y * 0.5, t)
+      lowering = mtf.Lowering(graph, {mesh: impl})
+      return lowering.export_to_tf_tensor(y)
+    return tf.function(program, autograph=False)
+
+  short, long = plan.tiny_chain // 8, plan.tiny_chain // 2
+  seconds = _median_seconds(chain_program(long), [x], plan.runs,
+                            chain_program(short))
+  return max(seconds, 0.0) / (long - short)
+
+
 def _collective_cases(shape):
   """(kind, mesh axes) to measure: every kind on every mesh dimension of
   size > 1, and allreduce over all of them."""
@@ -646,10 +688,18 @@ def _placement_timer(impl, slice_shape, repeats, runs, rng):
 
   def run(kind, axes):
     def program(*xs):
+      # Each call waits for the previous one, as collectives on a step's
+      # critical path do (independent calls would overlap).
       outs = []
+      previous = []
       for r in range(repeats):
-        x = mesh_impl_lib.LaidOutTensor(list(xs[r * num:(r + 1) * num]))
-        outs.extend(_apply_collective(impl, kind, axes, x).tensor_list)
+        slices = list(xs[r * num:(r + 1) * num])
+        if previous:
+          with tf.control_dependencies(previous):
+            slices = [_on_device_identity(v) for v in slices]
+        x = mesh_impl_lib.LaidOutTensor(slices)
+        previous = _apply_collective(impl, kind, axes, x).tensor_list
+        outs.extend(previous)
       return outs
     return _median_seconds(tf.function(program, autograph=False), inputs,
                            runs, base)
