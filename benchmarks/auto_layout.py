@@ -259,8 +259,11 @@ def counted_peak_bytes(tf, mtf, model, mesh_spec, layout):
   """Bytes per processor alive at the lowered step's peak (latest-possible
   order), plus the per-processor bytes of its variables."""
   import recompute_memory  # pylint: disable=g-import-not-at-top
+  # Every processor holds its own copy of what it keeps (no shared
+  # replicas), as the prediction counts per processor.
   mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-      mesh_spec, layout, [f"/cpu:{i}" for i in range(NUM_DEVICES)])
+      mesh_spec, layout, [f"/cpu:{i}" for i in range(NUM_DEVICES)],
+      share_replicas=False)
   tf_graph = tf.Graph()
   with tf_graph.as_default():
     graph = mtf.Graph()

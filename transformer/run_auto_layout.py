@@ -97,11 +97,11 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
   """
+  # pylint: disable=g-import-not-at-top
   # Imported on use: a run with explicit rules does not load auto_mtf (and
   # importing the transformer adds no core module).
-  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.auto_mtf import api as auto_mtf_api
-  from mesh_tensorflow.auto_mtf import layout_optimizer
+  from mesh_tensorflow.auto_mtf import layout_optimizer  # (the same)
   # pylint: enable=g-import-not-at-top
   try:
     return auto_mtf_api.choose_layout(

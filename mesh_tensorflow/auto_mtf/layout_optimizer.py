@@ -458,7 +458,10 @@ def _step_cost_table(estimator, validator, machine, assignments_of):
   over the operations sharing those names."""
   # Imported here: the time objective's modules are not needed otherwise.
   from mesh_tensorflow.auto_mtf import step_cost  # pylint: disable=g-import-not-at-top
-  return step_cost.cost_table(estimator, validator, machine, assignments_of)
+  table = step_cost.cost_table(estimator, validator, machine, assignments_of)
+  return {dimension_set: {_local_var_name(dimension_set, assignment): seconds
+                          for assignment, seconds in costs}
+          for dimension_set, costs in table.items()}
 
 
 # ---------------------------------------------------------------- helpers

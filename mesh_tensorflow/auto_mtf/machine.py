@@ -597,6 +597,7 @@ def _mtf_op_seconds(shape, devices, plan):
   per-operation cost of the lowering (one TF op per slice, the executor's
   scheduling across devices) that element-wise chains of raw TF ops miss.
   From chains of two lengths, so the import and export cancel."""
+  # Imported here: the package imports this module's package.
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   dims = [mtf.Dimension(f"_calibration_{i}", d.size * 4)
           for i, d in enumerate(shape.dims)]

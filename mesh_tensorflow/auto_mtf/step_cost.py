@@ -13,7 +13,6 @@ import collections
 
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.auto_mtf import cost_model
-from mesh_tensorflow.auto_mtf import layout_optimizer
 
 
 def operation_seconds(cost, machine, num_processors):
@@ -30,7 +29,7 @@ def operation_seconds(cost, machine, num_processors):
 
 
 def cost_table(estimator, validator, machine, assignments_of):
-  """{dimension set: {local variable name: seconds}}.
+  """{dimension set: [(assignment, seconds)]}.
 
   Operations are grouped by the splittable names their cost depends on
   (cost_model.cost_dimension_names: their own, and those of producers and
@@ -55,7 +54,7 @@ def cost_table(estimator, validator, machine, assignments_of):
     groups[names].append(operation)
   table = {}
   for dimension_set, operations in groups.items():
-    costs = {}
+    costs = []
     for assignment in assignments_of(dimension_set):
       seconds = 0.0
       for operation in operations:
@@ -64,8 +63,7 @@ def cost_table(estimator, validator, machine, assignments_of):
             machine, _computing_processors(
                 operation, assignment, mesh_sizes, num_processors,
                 share_replicas))
-      costs[layout_optimizer._local_var_name(  # pylint: disable=protected-access
-          dimension_set, assignment)] = seconds
+      costs.append((assignment, seconds))
     table[dimension_set] = costs
   return table
 
