@@ -134,10 +134,10 @@ class LayoutOptimizer(object):
         name: frozenset(
             set(graph.get_tensor_mtf_dimension_names(name)) & splittable)
         for name in graph.get_all_tensor_names()}
+    self.constraint_sets = self._interacting_sets(splittable)
     self._sharded_tensors = self._find_sharded_tensors(splittable)
     self._operation_dimension_sets = set(
         self._operation_dimension_set.values())
-    self.constraint_sets = self._interacting_sets(splittable)
     self._dimension_sets = self._operation_dimension_sets | set(
         self._tensor_dimension_set.values())
     self._neighbours = collections.defaultdict(set)
@@ -148,17 +148,12 @@ class LayoutOptimizer(object):
 
   def _interacting_sets(self, splittable):
     """Sets of names no two of which may share a mesh dimension: those of
-    each operation, except that an operation without outputs that reads
-    several tensors (a combined assignment of many variables) gives one
-    set per input, since its inputs never meet."""
-    sets = set()
-    for op in self._estimator.mtf_graph.operations:
-      if not op.outputs and len(op.inputs) > 1:
-        for t in op.inputs:
-          sets.add(frozenset(set(t.shape.dimension_names) & splittable))
-      else:
-        sets.add(self._operation_dimension_set[op.name])
-    return sets
+    each tensor, the rule LayoutRules enforce. (The original used each
+    operation's names, which also forbade what lowering handles: a reshape
+    from batch to experts both split over one mesh dimension, as the
+    shipped MoE layouts do, or an assignment of many variables at once.)"""
+    del splittable
+    return set(self._tensor_dimension_set.values()) - {frozenset()}
 
   def _assignments_of(self, dimension_set):
     """Every allowed assignment of `dimension_set` (made once): each name

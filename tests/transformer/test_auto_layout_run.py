@@ -230,7 +230,8 @@ def test_time_objective_settings_reach_the_search(tmp_path):
   assert mesh_shape == 8
   assert kwargs == dict(objective="time", memory_budget=123456,
                         machine="/nowhere/machine.json",
-                        max_mesh_shape_dimensions=2)
+                        max_mesh_shape_dimensions=2,
+                        shard_weight_update=False, shard_parameters=False)
   assert isinstance(graph, mtf.Graph) and graph.trainable_variables
   # The graph is the training step's: the loss, and optimizer updates.
   assert [t.shape.dims for t in outputs] == [[]]
