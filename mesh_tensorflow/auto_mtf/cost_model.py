@@ -11,7 +11,7 @@ operation under every assignment of that operation's dimension names;
   writes (einsums' operands and results included), and the number of lowered TF ops (one per slicewise operation);
 - collectives: what the lowering of the operation emits under the layout,
   by kind and mesh dimensions, with the wire bytes the lowering's counters
-  give them (`mesh_impl.collective_wire_bytes`).
+  give them (`collective_wire_bytes` of module mesh_impl).
 
 Replication is costed as it runs: an operation none of whose dimensions is
 split over a mesh dimension runs whole on every processor of it.

@@ -6,12 +6,13 @@ however large the graph:
 
   x[d, m]  1 if tensor dimension d is split over mesh dimension m.
   y[S][a]  for every set S of dimension names used together by an operation
-           or a tensor, and every allowed assignment a of S to mesh
+           or a tensor (or, for the time objective, on which an operation's
+           cost depends), and every allowed assignment a of S to mesh
            dimensions: 1 if the x agree with a exactly.
   z        the peak bytes per processor.
 
 Constraints: each d on at most one mesh dimension; no two names of one
-operation on the same mesh dimension; only assignments LayoutValidator
+tensor on the same mesh dimension; only assignments LayoutValidator
 allows (divisibility, splittability); exactly one y[S][.] per set, linked to
 the x both ways; and at every step of a memory-minimizing schedule, the
 bytes of the tensors in memory under the chosen assignments are at most z.
@@ -19,7 +20,8 @@ bytes of the tensors in memory under the chosen assignments are at most z.
 Objectives:
   "memory" (the original's): minimize z, ties going to more splitting.
   "time" (new): minimize the predicted step time, the sum over operations of
-      cost_model.operation_cost under the operation's assignment priced by
+      cost_model.operation_cost under the assignment of the names it
+      depends on (cost_model.cost_dimension_names), priced by
       machine.MachineConstants (compute and each collective), subject to
       z <= memory_budget when one is given; ties going to more splitting.
 
@@ -28,7 +30,13 @@ constraints are summed per dimension set (the bytes of a set's tensors
 divide alike under an assignment) and dominated steps are dropped, which
 keeps the program small for graphs of thousands of tensors; a solution is
 checked with LayoutValidator before it is returned; a budget no layout meets
-raises SolverError naming the budget and the smallest peak there is.
+raises SolverError naming the budget and the smallest peak there is; two
+names may share a mesh dimension unless one tensor has both (the original
+forbade it within an operation, which excluded layouts lowering accepts:
+a reshape from batch to experts over one mesh dimension, or one assignment
+op updating the variables of heads and of vocab, as the shipped layouts
+have); variables count as resident for the whole step (MemoryEstimator);
+data-parallel sharding's memory is counted when asked for.
 """
 
 import collections
@@ -134,7 +142,7 @@ class LayoutOptimizer(object):
         name: frozenset(
             set(graph.get_tensor_mtf_dimension_names(name)) & splittable)
         for name in graph.get_all_tensor_names()}
-    self.constraint_sets = self._interacting_sets(splittable)
+    self.constraint_sets = self._interacting_sets()
     self._sharded_tensors = self._find_sharded_tensors(splittable)
     self._operation_dimension_sets = set(
         self._operation_dimension_set.values())
@@ -146,20 +154,19 @@ class LayoutOptimizer(object):
         self._neighbours[name].update(dimension_set - {name})
     self._assignments = {}
 
-  def _interacting_sets(self, splittable):
+  def _interacting_sets(self):
     """Sets of names no two of which may share a mesh dimension: those of
     each tensor, the rule LayoutRules enforce. (The original used each
     operation's names, which also forbade what lowering handles: a reshape
     from batch to experts both split over one mesh dimension, as the
     shipped MoE layouts do, or an assignment of many variables at once.)"""
-    del splittable
     return set(self._tensor_dimension_set.values()) - {frozenset()}
 
   def _assignments_of(self, dimension_set):
     """Every allowed assignment of `dimension_set` (made once): each name
     unsplit or on a mesh dimension it divides, two names on one mesh
-    dimension only if no operation uses both (a set gathered from several
-    operations, as a cost set is, may hold such a pair)."""
+    dimension only if no tensor has both (a set gathered from several
+    tensors, as an operation's or a cost set is, may hold such a pair)."""
     found = self._assignments.get(dimension_set)
     if found is None:
       found = []

@@ -79,9 +79,9 @@ class LayoutValidator(object):
 
     Args:
       layout: {tensor dimension name: mesh dimension name}.
-      operation_dimension_sets: iterable of sets of dimension names used
-        together by one operation; no two of a set may share a mesh
-        dimension.
+      operation_dimension_sets: iterable of sets of dimension names no two
+        of which may share a mesh dimension (those of each tensor, as the
+        layout optimizer's `constraint_sets` gives them).
     """
     for name, mesh_name in sorted(layout.items()):
       if mesh_name not in self._mesh_dimension_name_to_size:
@@ -107,7 +107,7 @@ class LayoutValidator(object):
         if mesh_name in used:
           raise errors.LayoutError(
               f"layout splits both {used[mesh_name]!r} and {name!r} over mesh "
-              f"dimension {mesh_name!r}, but one operation uses both.")
+              f"dimension {mesh_name!r}, but one tensor has both.")
         used[mesh_name] = name
 
 
@@ -116,7 +116,8 @@ def enumerate_layouts(validator, operation_dimension_sets):
 
   A layout is valid when each assignment passes
   `validator.is_valid_assignment` and no two names of one set of
-  `operation_dimension_sets` share a mesh dimension. The empty layout
+  `operation_dimension_sets` (e.g. each tensor's names) share a mesh
+  dimension. The empty layout
   comes first. Benchmarks measure these to judge the search.
   """
   names = sorted(validator.splittable_mtf_dimension_names)
