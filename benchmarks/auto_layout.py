@@ -4,10 +4,11 @@ For each model (an MLP stack, the `tiny` Transformer LM, a tiny
 Bitransformer and the tiny LM with mixture-of-experts layers) and mesh
 ([8], [2,4], [4,2], [2,2,2] on 8 logical CPUs, PlacementMeshImpl), it
 enumerates every valid layout of the training step's graph (names split
-over mesh dimensions, sizes divisible, no two names of one operation on one
-mesh dimension; a random sample of --max_layouts when there are more, fixed
+over mesh dimensions, sizes divisible, no two names of one
+tensor on one mesh dimension; a random sample of --max_layouts when there are more, fixed
 seed, always including the picks and the shipped layouts), measures each
-one's median step time, and prints one JSON line per model and mesh:
+one's median step time (timed in interleaved rounds, see measure_all), and
+prints one JSON line per model and mesh:
 
   time_pick_vs_best      measured time of the time-objective pick over the
                          best measured time (goal <= 1.10)
@@ -16,6 +17,11 @@ one's median step time, and prints one JSON line per model and mesh:
                          apply to the mesh
   kendall_tau            rank agreement of predicted and measured times
                          over the measured layouts (goal >= 0.7)
+  kendall_tau_repeat     the same between the medians of the even and the
+                         odd rounds: how reproducible the measured ranking
+                         itself is on this machine (no prediction can agree
+                         with the measurement better than it agrees with
+                         itself)
   memory_ratio           predicted peak bytes per processor over the counted
                          ones, for the time pick: the bytes alive at the
                          peak of the lowered step's TF graph (each op as
@@ -30,10 +36,11 @@ The machine's constants come from auto_mtf.machine.load_or_calibrate
 and run; use --models, --meshes and --max_layouts to cut it down.
 
   python benchmarks/auto_layout.py [--models mlp,lm,bitransformer,moe]
-      [--meshes 8,2x4,4x2,2x2x2] [--max_layouts 200] [--steps 5]
+      [--meshes 8,2x4,4x2,2x2x2] [--max_layouts 200] [--steps 10]
 """
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -66,11 +73,17 @@ def parse_args(argv):
   p.add_argument("--meshes", default=",".join(MESHES))
   p.add_argument("--max_layouts", type=int, default=200,
                  help="measured layouts per model and mesh (a sample)")
-  p.add_argument("--steps", type=int, default=5, help="timed steps each")
+  p.add_argument("--steps", type=int, default=10,
+                 help="timed steps of each layout (interleaved rounds)")
+  p.add_argument("--chunk", type=int, default=25,
+                 help="layouts traced and timed together")
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--length", type=int, default=64)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--details", default="",
+                 help="also append one JSON line per measured layout "
+                      "(times and prediction) to this file")
   return p.parse_args(argv)
 
 
@@ -238,21 +251,61 @@ def make_step(tf, mtf, model, mesh_spec, layout, counters=None):
   return step
 
 
-def measure(tf, mtf, model, mesh_spec, layout, args):
-  """Median step seconds of `layout` (None if it fails to lower)."""
+def _warm_step(tf, mtf, model, mesh_spec, layout, args):
+  """The traced, warmed-up step of `layout`, or None if it fails to lower."""
   try:
     step = make_step(tf, mtf, model, mesh_spec, layout)
     for _ in range(args.warmup):
       step().numpy()
-    times = []
-    for _ in range(args.steps):
-      start = time.perf_counter()
-      step().numpy()
-      times.append(time.perf_counter() - start)
   except Exception as e:  # pylint: disable=broad-except
     bench_util.log(f"{model.name} {mesh_spec} {layout!r}: {e!r:.200}")
     return None
-  return bench_util.median(times)
+  return step
+
+
+def measure_all(tf, mtf, model, mesh_spec, layouts, anchor, args):
+  """{layout: [step seconds]}: `args.steps` interleaved rounds per chunk.
+
+  The machine's speed drifts (it is shared), so layouts are not timed one
+  after the other: a chunk of `args.chunk` layouts is traced, then timed in
+  rounds, one step of each layout per round, so that a slow spell slows
+  them all alike. Every chunk also times `anchor`; a chunk's times are
+  scaled by the anchor's median over all chunks divided by its median in
+  that chunk, which puts chunks measured at different speeds on one scale.
+  Layouts that fail to lower are left out.
+  """
+  import gc  # pylint: disable=g-import-not-at-top
+  others = [l for l in layouts if l != anchor]
+  size = max(args.chunk - 1, 1)
+  chunks = [[anchor] + others[i:i + size]
+            for i in range(0, max(len(others), 1), size)]
+  raw, anchor_medians = [], []
+  for chunk in chunks:
+    steps = {}
+    for layout in chunk:
+      step = _warm_step(tf, mtf, model, mesh_spec, layout, args)
+      if step is not None:
+        steps[layout] = step
+    if anchor not in steps:
+      raise RuntimeError(f"{model.name} on {mesh_spec}: the anchor layout "
+                         f"{anchor!r} does not run")
+    times = {layout: [] for layout in steps}
+    for _ in range(args.steps):
+      for layout, step in steps.items():
+        start = time.perf_counter()
+        step().numpy()
+        times[layout].append(time.perf_counter() - start)
+    raw.append(times)
+    anchor_medians.append(bench_util.median(times[anchor]))
+    del steps
+    gc.collect()
+  overall = bench_util.median(anchor_medians)
+  measured = {}
+  for times, chunk_anchor in zip(raw, anchor_medians):
+    scale = overall / chunk_anchor
+    for layout, seconds in times.items():
+      measured.setdefault(layout, []).extend(t * scale for t in seconds)
+  return measured
 
 
 def counted_peak_bytes(tf, mtf, model, mesh_spec, layout):
@@ -332,11 +385,12 @@ def run_case(tf, mtf, model, mesh_key, args):
   layouts = sample_layouts(everything, [time_pick, memory_pick,
                                         *gins.values()],
                            args.max_layouts, args.seed)
-  measured = {}
-  for layout in layouts:
-    seconds = measure(tf, mtf, model, mesh_spec, layout, args)
-    if seconds is not None:
-      measured[layout] = seconds
+  samples = measure_all(tf, mtf, model, mesh_spec, layouts, time_pick, args)
+  measured = {l: bench_util.median(t) for l, t in samples.items()}
+  # The measurement's own reproducibility: the rank agreement of the even
+  # and the odd rounds' medians, the ceiling of any prediction's tau.
+  halves = [[bench_util.median(samples[l][k::2]) for l in samples]
+            for k in (0, 1)]
   best_layout = min(measured, key=measured.get)
   best = measured[best_layout]
   predicted = {l: timed.evaluate_step_seconds(l) for l in measured}
@@ -345,6 +399,12 @@ def run_case(tf, mtf, model, mesh_key, args):
     bench_util.log(f"  {model.name} {mesh_spec} {l!r}: measured "
                    f"{measured[l] * 1e3:.1f} ms, predicted "
                    f"{predicted[l] * 1e3:.1f} ms")
+  if args.details:
+    with open(args.details, "a") as f:
+      for l in order:
+        f.write(json.dumps({
+            "model": model.name, "mesh": mesh_spec, "layout": l,
+            "predicted_seconds": predicted[l], "seconds": samples[l]}) + "\n")
   predicted_peak = timed.evaluate_peak_memory(time_pick)
   counted_peak = counted_peak_bytes(tf, mtf, model, mesh_spec, time_pick)
   record = {
@@ -360,6 +420,7 @@ def run_case(tf, mtf, model, mesh_key, args):
           measured.get(rules), best)) for name, rules in gins.items()},
       "kendall_tau": bench_util.rounded(kendall_tau(
           [predicted[l] for l in order], [measured[l] for l in order])),
+      "kendall_tau_repeat": bench_util.rounded(kendall_tau(*halves)),
       "predicted_ms_time_pick": bench_util.rounded(
           predicted[time_pick] * 1e3 if time_pick in predicted else None),
       "measured_ms_time_pick": bench_util.rounded(

@@ -7,8 +7,12 @@ operation under every assignment of that operation's dimension names;
 
 - compute: the FLOPs of einsums (2 x the product of the sizes of all their
   dimensions, divided by the mesh dimensions splitting them) and
-  convolutions, the bytes element-wise and other slice work reads and
-  writes (einsums' operands and results included), and the number of lowered TF ops (one per slicewise operation);
+  convolutions, the bytes einsums read and write (their operands and
+  result: a skinny matmul, such as the weight gradient of a few rows,
+  costs its bytes more than its FLOPs, and at a lower rate than
+  element-wise work streams them), the bytes element-wise and other slice
+  work reads and writes, and the number of lowered TF ops (one per
+  slicewise operation);
 - collectives: what the lowering of the operation emits under the layout,
   by kind and mesh dimensions, with the wire bytes the lowering's counters
   give them (`collective_wire_bytes` of module mesh_impl).
@@ -91,12 +95,14 @@ class OperationCost:
   elementwise_bytes: int = 0
   num_ops: int = 0
   collectives: Tuple[Collective, ...] = ()
+  matmul_bytes: int = 0
 
   def __add__(self, other):
     return OperationCost(self.flops + other.flops,
                          self.elementwise_bytes + other.elementwise_bytes,
                          self.num_ops + other.num_ops,
-                         self.collectives + other.collectives)
+                         self.collectives + other.collectives,
+                         self.matmul_bytes + other.matmul_bytes)
 
   @classmethod
   def zero(cls):
@@ -307,15 +313,16 @@ class _Result:
   """What lowering one operation does (its own part)."""
 
   __slots__ = ("flops", "elementwise_bytes", "num_ops", "collectives",
-               "pending")
+               "pending", "matmul_bytes")
 
   def __init__(self, pending, collectives=(), flops=0, elementwise_bytes=0,
-               num_ops=1):
+               num_ops=1, matmul_bytes=0):
     self.pending = pending
     self.collectives = [c for c in collectives if c is not None]
     self.flops = flops
     self.elementwise_bytes = elementwise_bytes
     self.num_ops = num_ops
+    self.matmul_bytes = matmul_bytes
 
 
 def _slice_bytes(layout, dims, itemsize):
@@ -421,7 +428,7 @@ class _Einsum(_Rule):
     # Its operands and result pass through memory too: a skinny matmul
     # (a weight gradient of few rows) costs its bytes more than its FLOPs.
     return _Result([pending], collectives, flops=flops,
-                   elementwise_bytes=_io_bytes(info, layout))
+                   matmul_bytes=_io_bytes(info, layout))
 
 
 class _Reduce(_Rule):
@@ -931,7 +938,8 @@ def _cost(info, ctx):
     if c is not None:
       collectives.append(c)
   return OperationCost(result.flops, result.elementwise_bytes,
-                       result.num_ops, tuple(collectives))
+                       result.num_ops, tuple(collectives),
+                       result.matmul_bytes)
 
 
 def operation_cost(operation, assignment, mesh_dimension_to_size):
@@ -1031,7 +1039,7 @@ def predict_step_seconds(mtf_graph, mesh_shape, layout_rules, machine):
   """(predicted seconds of one step, breakdown dict).
 
   `machine` has compute_seconds(flops, elementwise_bytes, num_ops,
-  num_processors) and collective_seconds(kind, mesh_dimension_names,
+  num_processors, matmul_bytes) and collective_seconds(kind, mesh_dimension_names,
   wire_bytes) (one call's time). The step time is the compute time of the
   summed per-processor work plus the time of every collective call.
   """
@@ -1040,7 +1048,8 @@ def predict_step_seconds(mtf_graph, mesh_shape, layout_rules, machine):
   total = cost.total
   num_processors = math.prod(sizes.values())
   compute = machine.compute_seconds(total.flops, total.elementwise_bytes,
-                                    total.num_ops, num_processors)
+                                    total.num_ops, num_processors,
+                                    total.matmul_bytes)
   by_collective = {}
   for c in total.collectives:
     key = (c.kind, "_".join(c.mesh_dimension_names))
@@ -1052,6 +1061,7 @@ def predict_step_seconds(mtf_graph, mesh_shape, layout_rules, machine):
                "collective_seconds": by_collective,
                "flops": total.flops,
                "elementwise_bytes": total.elementwise_bytes,
+               "matmul_bytes": total.matmul_bytes,
                "num_ops": total.num_ops,
                "collectives": cost.collectives}
   return seconds, breakdown

@@ -56,7 +56,8 @@ COLLECTIVE_KINDS = mesh_impl_lib.COLLECTIVE_KINDS
 CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
 _ANY_DIMS = ("*",)  # The key of a collective kind's default link.
-_CACHE_FORMAT = 2  # 2: serial collectives, mtf operation overhead
+# 2: serial collectives, mtf operation overhead; 3: matmul bytes.
+_CACHE_FORMAT = 3
 
 
 # ------------------------------------------------------------- constants
@@ -112,6 +113,10 @@ class MachineConstants:
     share_replicas: whether processors holding the same slice compute it
       once (PlacementMeshImpl on one task's CPUs): then an operation costs
       as many computations as it has distinct slices, not processors.
+    matmul_bytes_per_second: bytes of einsum operands and results per
+      second of one processor (a matmul packs its operands, far slower
+      per byte than element-wise work streams them: on 2 CPU cores about
+      4 GB/s against 35); 0 means the element-wise rate.
   """
   flops_per_second: float
   elementwise_bytes_per_second: float
@@ -122,6 +127,7 @@ class MachineConstants:
   source: str = ""
   calibration_seconds: float = 0.0
   share_replicas: bool = False
+  matmul_bytes_per_second: float = 0.0
 
   def __post_init__(self):
     _check_number(self.flops_per_second, "flops_per_second")
@@ -130,6 +136,8 @@ class MachineConstants:
     _check_number(self.op_overhead_seconds, "op_overhead_seconds",
                   positive=False)
     _check_number(self.concurrency, "concurrency")
+    _check_number(self.matmul_bytes_per_second, "matmul_bytes_per_second",
+                  positive=False)
     _check_number(self.calibration_seconds, "calibration_seconds",
                   positive=False)
     object.__setattr__(self, "default_collective",
@@ -149,11 +157,12 @@ class MachineConstants:
   # ------------------------------------------------------------ predictions
 
   def compute_seconds(self, flops, elementwise_bytes, num_ops,
-                      num_processors):
+                      num_processors, matmul_bytes=0):
     """Predicted time of per-processor work done by all processors at once.
 
-    Linear in (flops, elementwise_bytes, num_ops) for a fixed number of
-    processors, so that a layout's time is the sum over its operations.
+    Linear in (flops, elementwise_bytes, num_ops, matmul_bytes) for a fixed
+    number of processors, so that a layout's time is the sum over its
+    operations.
 
     Args:
       flops: einsum/convolution FLOPs of one processor.
@@ -161,6 +170,7 @@ class MachineConstants:
         element-wise work.
       num_ops: lowered TF ops of one processor.
       num_processors: processors doing this work at once (SPMD).
+      matmul_bytes: bytes of one processor's einsum operands and results.
 
     Returns:
       seconds (float).
@@ -170,7 +180,9 @@ class MachineConstants:
                        f"{num_processors}.")
     one = (num_ops * self.op_overhead_seconds +
            flops / self.flops_per_second +
-           elementwise_bytes / self.elementwise_bytes_per_second)
+           elementwise_bytes / self.elementwise_bytes_per_second +
+           matmul_bytes / (self.matmul_bytes_per_second or
+                           self.elementwise_bytes_per_second))
     return one * max(1.0, num_processors / self.concurrency)
 
   def link(self, kind, mesh_dimension_names):
@@ -231,6 +243,7 @@ class MachineConstants:
         "source": self.source,
         "calibration_seconds": self.calibration_seconds,
         "share_replicas": self.share_replicas,
+        "matmul_bytes_per_second": self.matmul_bytes_per_second,
     }
 
   @classmethod
@@ -389,6 +402,7 @@ _FULL = _Plan((256, 512, 1024), (1 << 18, 1 << 21),
 _QUICK = _Plan((256,), (1 << 16,), ((256, 4), (1 << 15, 2)), runs=3,
                chain=8, tiny_chain=64)
 _TINY_ELEMENTS = 16  # An element-wise op this small costs its overhead.
+_SKINNY_ROWS = 8  # Rows of the matmuls that measure matmul bytes.
 _SLICE_ROWS = 64  # Divisible by every group size used in practice.
 _SIMD_MAX_REPEATS = 2
 
@@ -414,8 +428,9 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
 
   Times, under tf.function on the mesh's devices: einsums of a few sizes
   (median FLOP rate on one device; concurrency from the same einsum on one
-  device against on all at once), chains of element-wise ops on all devices
-  at once (op overhead and byte rate), and every collective of the mesh
+  device against on all at once; the byte rate of skinny einsums, whose
+  time is mostly their operands' bytes), chains of element-wise ops on all
+  devices at once (op overhead and byte rate), and every collective of the mesh
   implementation over every mesh dimension (and allreduce over all of
   them) at a few sizes, fitting latency and seconds per wire byte (least
   squares on relative error, clipped to >= 0). Each figure is the median
@@ -566,7 +581,30 @@ def _calibrate_compute(devices, plan):
     byte_rates.append(nbytes / max(op - overhead, op / 2))
   return dict(flops_per_second=flops_per_second,
               elementwise_bytes_per_second=statistics.median(byte_rates),
-              op_overhead_seconds=overhead, concurrency=concurrency)
+              op_overhead_seconds=overhead, concurrency=concurrency,
+              matmul_bytes_per_second=_matmul_bytes_per_second(
+                  devices[0], plan, flops_per_second, rng))
+
+
+def _matmul_bytes_per_second(device, plan, flops_per_second, rng):
+  """Bytes per second of einsum operands and results on one device: from
+  skinny matmuls (a few rows against a square weight, and the weight
+  gradient of a few rows), whose time is mostly their bytes, less their
+  FLOPs at `flops_per_second`."""
+  n = plan.matmul_sizes[-1]
+  rows = _SKINNY_ROWS
+  x = _on(device, rng.random((rows, n), np.float32))
+  w = _on(device, rng.random((n, n), np.float32))
+  nbytes = 4 * (2 * rows * n + n * n)  # Either form reads/writes these.
+  rates = []
+  for equation, operands in (("bi,ih->bh", [x, w]), ("bi,bh->ih", [x, x])):
+    einsum = tf.function(
+        lambda a, b, equation=equation: tf.einsum(equation, a, b),
+        autograph=False)
+    t = _median_seconds(einsum, operands, plan.runs, _identity_program(1))
+    t_bytes = max(t - 2.0 * rows * n * n / flops_per_second, t / 4, 1e-9)
+    rates.append(nbytes / t_bytes)
+  return statistics.median(rates)
 
 
 def _elementwise_op_seconds(devices, size, chain, runs, rng):

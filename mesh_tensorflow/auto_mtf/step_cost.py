@@ -19,7 +19,8 @@ def operation_seconds(cost, machine, num_processors):
   """Predicted seconds of one cost_model.OperationCost on `machine`, when
   `num_processors` processors compute distinct slices."""
   seconds = machine.compute_seconds(cost.flops, cost.elementwise_bytes,
-                                    cost.num_ops, num_processors)
+                                    cost.num_ops, num_processors,
+                                    cost.matmul_bytes)
   for collective in cost.collectives:
     calls = max(int(collective.calls), 1)
     seconds += calls * machine.collective_seconds(

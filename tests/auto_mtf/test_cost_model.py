@@ -296,9 +296,10 @@ class _Machine:
   """A stand-in for auto_mtf.machine.MachineConstants."""
 
   def compute_seconds(self, flops, elementwise_bytes, num_ops,
-                      num_processors):
+                      num_processors, matmul_bytes=0):
     del num_processors
-    return flops * 1e-9 + elementwise_bytes * 1e-8 + num_ops * 1e-5
+    return (flops * 1e-9 + elementwise_bytes * 1e-8 + num_ops * 1e-5 +
+            matmul_bytes * 3e-8)
 
   def collective_seconds(self, kind, mesh_dimension_names, wire_bytes):
     del kind
@@ -311,8 +312,9 @@ def test_predicted_step_time_adds_compute_and_collectives():
   seconds, breakdown = cost_model.predict_step_seconds(
       graph, "b:2;m:4", "batch:b;d_ff:m", machine)
   total = cost_model.graph_cost(graph, "b:2;m:4", "batch:b;d_ff:m").total
+  assert total.matmul_bytes > 0
   want = machine.compute_seconds(total.flops, total.elementwise_bytes,
-                                 total.num_ops, 8) + sum(
+                                 total.num_ops, 8, total.matmul_bytes) + sum(
                                      machine.collective_seconds(
                                          c.kind, c.mesh_dimension_names,
                                          c.wire_bytes)

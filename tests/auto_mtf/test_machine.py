@@ -134,6 +134,24 @@ def test_compute_seconds_is_linear_and_monotonic():
     c.compute_seconds(*a, 0)
 
 
+def test_matmul_bytes_have_their_own_rate():
+  d = _user_dict()
+  plain = machine.machine_constants(d)
+  # Unset: einsum bytes cost as element-wise bytes do.
+  assert plain.compute_seconds(0, 0, 0, 1, matmul_bytes=1e9) == (
+      pytest.approx(plain.compute_seconds(0, 1e9, 0, 1)))
+  d["matmul_bytes_per_second"] = 1e9
+  slow = machine.machine_constants(d)
+  assert slow.compute_seconds(0, 0, 0, 1, matmul_bytes=3e9) == (
+      pytest.approx(3.0))
+  assert slow.compute_seconds(1e12, 1e11, 0, 8, matmul_bytes=1e9) == (
+      pytest.approx(2 * (1 + 1 + 1)))
+  assert machine.MachineConstants.from_json(slow.to_json()) == slow
+  d["matmul_bytes_per_second"] = -1
+  with pytest.raises(ValueError, match="matmul_bytes_per_second"):
+    machine.machine_constants(d)
+
+
 def test_collective_seconds_is_linear_and_monotonic():
   c = _constants()
   for kind in KINDS:
@@ -258,7 +276,7 @@ def test_lowering_counters_use_the_formula():
 def test_quick_calibration_gives_sane_constants(mesh_impl, mesh_shape):
   c = machine.calibrate(mesh_shape, mesh_impl=mesh_impl, quick=True)
   for value in (c.flops_per_second, c.elementwise_bytes_per_second,
-                c.concurrency):
+                c.matmul_bytes_per_second, c.concurrency):
     assert 0 < value < math.inf
   assert 0 <= c.op_overhead_seconds < math.inf
   assert 1 <= c.concurrency <= np.prod(mesh_shape)
