@@ -214,12 +214,13 @@ def sample_layouts(all_layouts, must, cap, seed):
 
 
 def restrict(optimizer, rules):
-  """`rules` without names the graph lacks or cannot split (a gin layout
-  names more than a model has)."""
+  """`rules` without names the graph lacks, cannot split, or cannot split
+  over that mesh dimension (a gin layout names more than a model has, and
+  the tiny models' 4 heads do not split 8 ways)."""
   mtf = _mtf()
-  keep = optimizer._layout_validator.splittable_mtf_dimension_names  # pylint: disable=protected-access
+  validator = optimizer._layout_validator  # pylint: disable=protected-access
   return ";".join(f"{d}:{m}" for d, m in mtf.convert_to_layout_rules(rules)
-                  if d in keep)
+                  if validator.is_valid_assignment(d, m))
 
 
 # ------------------------------------------------------------- measuring

@@ -428,11 +428,12 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
 
   Times, under tf.function on the mesh's devices: einsums of a few sizes
   (median FLOP rate on one device; concurrency from the same einsum on one
-  device against on all at once; the byte rate of skinny einsums, whose
-  time is mostly their operands' bytes), chains of element-wise ops on all
-  devices at once (op overhead and byte rate), and every collective of the mesh
-  implementation over every mesh dimension (and allreduce over all of
-  them) at a few sizes, fitting latency and seconds per wire byte (least
+  device against on all at once, timed back to back, the median over the
+  sizes; the byte rate of skinny einsums, whose time is mostly their
+  operands' bytes), chains of element-wise ops on all devices at once (op
+  overhead and byte rate; on PlacementMeshImpl also lowered mtf ones, for
+  the overhead), and every collective of the mesh implementation over
+  every mesh dimension (and allreduce over all of them) at a few sizes, fitting latency and seconds per wire byte (least
   squares on relative error, clipped to >= 0). Each figure is the median
   of several runs after a warm-up, less the same program without the work.
 
@@ -459,10 +460,13 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
     devices = impl.devices
     compute = _calibrate_compute(devices, plan)
     if mesh_impl == "placement":
+      # One lowered mtf operation on every processor takes
+      # compute_seconds(0, 0, 1, P): the overhead per processor is its time
+      # over the processors computing at once.
       compute["op_overhead_seconds"] = max(
           compute["op_overhead_seconds"],
-          _mtf_op_seconds(shape, devices, plan) * impl.size /
-          max(float(impl.size), compute["concurrency"]))
+          _mtf_op_seconds(shape, devices, plan) /
+          max(1.0, impl.size / compute["concurrency"]))
     collectives = _calibrate_collectives(impl, plan)
   links = [link for _, _, link in collectives]
   default = LinkConstants(
@@ -544,17 +548,6 @@ def _calibrate_compute(devices, plan):
   einsum = tf.function(lambda a, b: tf.einsum("ij,jk->ik", a, b),
                        autograph=False)
   identity = _identity_program(1)
-  rates, one_device_seconds = [], {}
-  for n in plan.matmul_sizes:
-    a = _on(devices[0], rng.random((n, n), np.float32))
-    t = max(_median_seconds(einsum, [a, a], plan.runs, identity), 1e-9)
-    one_device_seconds[n] = t
-    rates.append(2.0 * n ** 3 / t)
-  flops_per_second = statistics.median(rates)
-
-  # The same einsum on every device at once.
-  n = plan.matmul_sizes[len(plan.matmul_sizes) // 2]
-  inputs = [_on(d, rng.random((n, n), np.float32)) for d in devices]
 
   def all_einsums(*xs):
     outs = []
@@ -563,11 +556,23 @@ def _calibrate_compute(devices, plan):
         outs.append(tf.einsum("ij,jk->ik", x, x))
     return outs
 
-  t_all = max(_median_seconds(tf.function(all_einsums, autograph=False),
-                              inputs, plan.runs, _identity_program(num)),
-              1e-9)
-  concurrency = min(float(num), max(1.0, num * one_device_seconds[n] / t_all))
+  all_einsums = tf.function(all_einsums, autograph=False)
+  rates, ratios = [], []
+  for n in plan.matmul_sizes:
+    # One device, then the same einsum on every device at once, back to
+    # back (the machine's load drifts): their ratio at every size.
+    a = _on(devices[0], rng.random((n, n), np.float32))
+    t = max(_median_seconds(einsum, [a, a], plan.runs, identity), 1e-9)
+    rates.append(2.0 * n ** 3 / t)
+    inputs = [_on(d, rng.random((n, n), np.float32)) for d in devices]
+    t_all = max(_median_seconds(all_einsums, inputs, plan.runs,
+                                _identity_program(num)), 1e-9)
+    ratios.append(num * t / t_all)
+  concurrency = min(float(num), max(1.0, statistics.median(ratios)))
   slowdown = max(1.0, num / concurrency)
+  flops_per_second = statistics.median(rates)
+  matmul_bytes_per_second = _matmul_bytes_per_second(
+      devices[0], plan, flops_per_second, rng)
 
   # Chains of element-wise ops, every device at once.
   overhead = _elementwise_op_seconds(devices, _TINY_ELEMENTS,
@@ -582,15 +587,16 @@ def _calibrate_compute(devices, plan):
   return dict(flops_per_second=flops_per_second,
               elementwise_bytes_per_second=statistics.median(byte_rates),
               op_overhead_seconds=overhead, concurrency=concurrency,
-              matmul_bytes_per_second=_matmul_bytes_per_second(
-                  devices[0], plan, flops_per_second, rng))
+              matmul_bytes_per_second=matmul_bytes_per_second)
 
 
 def _matmul_bytes_per_second(device, plan, flops_per_second, rng):
   """Bytes per second of einsum operands and results on one device: from
   skinny matmuls (a few rows against a square weight, and the weight
   gradient of a few rows), whose time is mostly their bytes, less their
-  FLOPs at `flops_per_second`."""
+  FLOPs at `flops_per_second`. (A fit of both rates to matmuls of many
+  shapes is ill-conditioned on a loaded machine: FLOPs and bytes grow
+  together; this split is stable.)"""
   n = plan.matmul_sizes[-1]
   rows = _SKINNY_ROWS
   x = _on(device, rng.random((rows, n), np.float32))
