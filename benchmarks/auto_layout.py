@@ -24,10 +24,14 @@ prints one JSON line per model and mesh:
                          itself)
   memory_ratio           predicted peak bytes per processor over the counted
                          ones, for the time pick: the bytes alive at the
-                         peak of the lowered step's TF graph (each op as
-                         late as its consumers allow; see
+                         peak of the lowered step's TF graph run in the
+                         order TF's executor runs it (every op as soon as
+                         its inputs are ready; see
                          recompute_memory.peak_live_bytes) per processor,
                          plus its variables' slices (goal within 15%)
+  memory_ratio_alap      the same with every op as late as its consumers
+                         allow (a bound the other way: neither order is the
+                         peak-minimizing one the prediction assumes)
   search_seconds         the time objective's search (calibration
                          excluded; goal <= 5 s for the Transformer)
 
@@ -310,8 +314,9 @@ def measure_all(tf, mtf, model, mesh_spec, layouts, anchor, args):
 
 
 def counted_peak_bytes(tf, mtf, model, mesh_spec, layout):
-  """Bytes per processor alive at the lowered step's peak (latest-possible
-  order), plus the per-processor bytes of its variables."""
+  """{"asap": bytes, "alap": bytes} per processor alive at the lowered
+  step's peak in either order, plus the per-processor bytes of its
+  variables."""
   import recompute_memory  # pylint: disable=g-import-not-at-top
   # Every processor holds its own copy of what it keeps (no shared
   # replicas), as the prediction counts per processor.
@@ -331,7 +336,8 @@ def counted_peak_bytes(tf, mtf, model, mesh_spec, layout):
     variable_bytes = sum(
         mesh_impl.slice_size(v.shape) * v.outputs[0].dtype.size
         for v in graph.all_variables)
-  return peak["alap"] / mesh_impl.size + variable_bytes
+  return {order: peak[order] / mesh_impl.size + variable_bytes
+          for order in ("asap", "alap")}
 
 
 def kendall_tau(xs, ys):
@@ -427,7 +433,10 @@ def run_case(tf, mtf, model, mesh_key, args):
       "measured_ms_time_pick": bench_util.rounded(
           measured[time_pick] * 1e3 if time_pick in measured else None),
       "measured_ms_best": bench_util.rounded(best * 1e3),
-      "memory_ratio": bench_util.rounded(predicted_peak / counted_peak),
+      "memory_ratio": bench_util.rounded(
+          predicted_peak / counted_peak["asap"]),
+      "memory_ratio_alap": bench_util.rounded(
+          predicted_peak / counted_peak["alap"]),
       "search_seconds": bench_util.rounded(search_seconds, 2),
   }
   bench_util.emit(record)
