@@ -48,21 +48,28 @@ def cost_table(estimator, validator, machine, assignments_of):
   num_processors = shape_lib.list_product(mesh_sizes.values())
   splittable = validator.splittable_mtf_dimension_names
   share_replicas = bool(getattr(machine, "share_replicas", False))
+  graph = estimator.mtf_graph
   groups = collections.defaultdict(list)
-  for operation in cost_model.all_operations(estimator.mtf_graph):
+  for operation in cost_model.all_operations(graph):
     names = frozenset(cost_model.cost_dimension_names(operation) & splittable)
     groups[names].append(operation)
   table = {}
   for dimension_set, operations in groups.items():
+    signatures = [cost_model.cost_signature(op) for op in operations]
+    distinct = dict(zip(signatures, operations))
     costs = []
     for assignment in assignments_of(dimension_set):
+      pricer = cost_model.Pricer(graph, assignment, mesh_sizes)
+      seconds_of = {
+          signature: operation_seconds(
+              pricer.cost(operation), machine, _computing_processors(
+                  operation, assignment, mesh_sizes, num_processors,
+                  share_replicas))
+          for signature, operation in distinct.items()}
+      # Summed in graph order, as pricing every operation would.
       seconds = 0.0
-      for operation in operations:
-        seconds += operation_seconds(
-            cost_model.operation_cost(operation, assignment, mesh_sizes),
-            machine, _computing_processors(
-                operation, assignment, mesh_sizes, num_processors,
-                share_replicas))
+      for signature in signatures:
+        seconds += seconds_of[signature]
       costs.append((assignment, seconds))
     table[dimension_set] = costs
   return table
