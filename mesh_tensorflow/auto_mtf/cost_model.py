@@ -571,7 +571,8 @@ class _Shift(_Rule):
 
   def attributes(self, info):
     op = info.op
-    return (op._dim.name, op._offset, op._wrap)  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    return (op._dim.name, op._offset, op._wrap)
 
   def run(self, info, ctx):
     layout = ctx.layout
@@ -834,7 +835,8 @@ class _TopK(_Rule):
 
   def attributes(self, info):
     op = info.op
-    return (op.reduced_dim.name, op.reduced_dim.size, op._k)  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    return (op.reduced_dim.name, op.reduced_dim.size, op._k)
 
   def run(self, info, ctx):
     layout = ctx.layout

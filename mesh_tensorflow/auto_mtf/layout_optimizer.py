@@ -13,9 +13,12 @@ however large the graph:
 
 Constraints: each d on at most one mesh dimension; no two names of one
 tensor on the same mesh dimension; only assignments LayoutValidator
-allows (divisibility, splittability); exactly one y[S][.] per set, linked to
-the x both ways; and at every step of a memory-minimizing schedule, the
-bytes of the tensors in memory under the chosen assignments are at most z.
+allows (divisibility, splittability); exactly one y[S][.] per set, and
+x[d, m] the sum of the y[S][a] with a[d] = m for every d in S (so the x
+agree with the chosen a); and at every step of a memory-minimizing
+schedule, the bytes of the tensors in memory under the chosen assignments
+are at most z (for the time objective only under a budget: else z is free
+and they cannot bind).
 
 Objectives:
   "memory" (the original's): minimize z, ties going to more splitting.

@@ -3,10 +3,12 @@ dimension names: the table the layout optimizer's time objective sums.
 
 An operation's cost (cost_model.operation_cost: per-processor FLOPs,
 element-wise bytes, lowered ops and collectives) depends only on how the
-dimension names of its inputs and outputs are split, so operations are
-grouped by that set of names, and within a group by their signature (class
-and shapes), which repeated layers share: each distinct operation is priced
-once per assignment, then multiplied by its count.
+names it reads are split (cost_model.cost_dimension_names: its own, and
+those of neighbours that keep sums pending), so operations are grouped by
+that set of names, and within a group by their cost_model.cost_signature
+(rule, attributes, shapes, dtypes and the neighbours the cost reads), which
+repeated layers share: each distinct operation is priced once per
+assignment, under one cost_model.Pricer per assignment.
 """
 
 import collections
