@@ -128,20 +128,26 @@ class GraphCost:
 class _Layout:
   """Resolves dimension names to mesh dimensions, fast."""
 
-  __slots__ = ("assignment", "sizes", "order", "num_processors")
+  __slots__ = ("assignment", "sizes", "order", "num_processors", "resolved")
 
   def __init__(self, assignment, mesh_dimension_to_size):
     self.assignment = assignment
     self.sizes = mesh_dimension_to_size
     self.order = {m: i for i, m in enumerate(mesh_dimension_to_size)}
     self.num_processors = math.prod(mesh_dimension_to_size.values())
+    self.resolved = {}  # {name: mesh_dim(name)}, filled as asked.
 
   def mesh_dim(self, name):
     """The mesh dimension `name` is split over, or None."""
+    try:
+      return self.resolved[name]
+    except KeyError:
+      pass
     m = self.assignment.get(name)
     if m is None and shape_lib.SHARD_MARK in name:
       m = shape_lib.split_shard_dimension_name(name)[1]
-    return m if m in self.sizes else None
+    m = self.resolved[name] = m if m in self.sizes else None
+    return m
 
   def slice_sizes(self, dims):
     """Per-processor sizes of `dims` ((name, size) pairs)."""
@@ -282,14 +288,24 @@ def _facts(graph):
 
 
 class _Context:
-  """Pending-sum states of tensors under one layout (memoized)."""
+  """Pending-sum states of tensors and what rules' run gives under one
+  layout (memoized)."""
 
-  __slots__ = ("facts", "layout", "memo")
+  __slots__ = ("facts", "layout", "memo", "results")
 
   def __init__(self, facts, layout):
     self.facts = facts
     self.layout = layout
     self.memo = {}
+    self.results = {}
+
+  def run(self, op_info):
+    """op_info.rule.run under this layout (computed once: an operation's
+    consumers ask for its pending sums, and it is priced itself)."""
+    result = self.results.get(op_info)
+    if result is None:
+      result = self.results[op_info] = op_info.rule.run(op_info, self)
+    return result
 
   def state(self, op_info, i):
     """The pending mesh dims (tuple, mesh order) of input i of an op."""
@@ -304,7 +320,7 @@ class _Context:
       state = ()
     else:
       index = pinfo.outputs.index(t)
-      state = pinfo.rule.run(pinfo, self).pending[index]
+      state = self.run(pinfo).pending[index]
       if state and self.facts.num_consumers.get(t, 0) > 1:
         state = ()  # Reduced when made.
     self.memo[t] = state
@@ -957,7 +973,7 @@ def _mesh_sizes(mesh_dimension_to_size):
 
 def _cost(info, ctx):
   """The OperationCost of one operation (see the module doc)."""
-  result = info.rule.run(info, ctx)
+  result = ctx.run(info)
   collectives = list(result.collectives)
   layout = ctx.layout
   for k, pending in enumerate(result.pending):

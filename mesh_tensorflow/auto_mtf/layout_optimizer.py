@@ -258,13 +258,15 @@ class LayoutOptimizer(object):
     self._memory_var = model.new_int_var(0, max(upper_bound, 1), "z")
 
   def _add_constraints(self):
+    """The constraints of the module doc, in a fixed order (sets sorted):
+    the program must not depend on Python's hash seed."""
     model = self._model
     x = self._global_vars
     for m in self._mesh_sizes:
-      for dimension_set in self.constraint_sets:
+      for dimension_set in sorted(self.constraint_sets, key=sorted):
         if len(dimension_set) > 1:
-          model.add(sum(x[(d, m)] for d in dimension_set) <= 1)
-    for d in self._layout_validator.splittable_mtf_dimension_names:
+          model.add(sum(x[(d, m)] for d in sorted(dimension_set)) <= 1)
+    for d in sorted(self._layout_validator.splittable_mtf_dimension_names):
       model.add(sum(x[(d, m)] for m in self._mesh_sizes) <= 1)
       for m in self._mesh_sizes:
         if not self._layout_validator.is_valid_assignment(d, m):
@@ -357,7 +359,7 @@ class LayoutOptimizer(object):
             del totals[key], counts[key]
       previous = contents
       steps.setdefault(frozenset(totals.items()), None)
-    return _undominated([dict(s) for s in steps])
+    return _undominated([dict(sorted(s, key=_key_order)) for s in steps])
 
   def _build_objective_function(self):
     scale = len(self._layout_validator.splittable_mtf_dimension_names) + 1
@@ -404,10 +406,14 @@ class LayoutOptimizer(object):
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = self._max_search_seconds
     solver.parameters.num_workers = 1  # deterministic among equal optima
-    # Probing (in presolve and search) took seconds on a program of a few
-    # thousand y and found nothing the search needed; the optimum is the
-    # same without it.
+    # Probing (in presolve and search) took seconds on programs of a few
+    # thousand y and found nothing the search needed; the full linear
+    # relaxation of the exactly-one and linking constraints bounds the
+    # objective well, so the search proves the optimum in a fraction of the
+    # time (seconds to tenths on the Transformer and MoE models of
+    # benchmarks/auto_layout.py). The optimum is the same either way.
     solver.parameters.cp_model_probing_level = 0
+    solver.parameters.linearization_level = 2
     status = solver.solve(self._model)
     self._cp_solver = solver
     if status == cp_model.FEASIBLE:
@@ -518,6 +524,15 @@ def _step_cost_table(estimator, validator, machine, assignments_of):
 class _ShardedTensor(collections.namedtuple("_ShardedTensor", ["name"])):
   """A memory step's key for one sharded variable (its bytes depend on its
   own dimensions' sizes, not only on how many processors split them)."""
+
+
+def _key_order(item):
+  """Sorts a memory step's (key, amount) items: dimension sets by their
+  names, then sharded tensors by name (not by hash, which varies)."""
+  key = item[0]
+  if isinstance(key, _ShardedTensor):
+    return (1, [key.name])
+  return (0, sorted(key))
 
 
 def _undominated(steps):

@@ -59,15 +59,19 @@ def cost_table(estimator, validator, machine, assignments_of):
   for dimension_set, operations in groups.items():
     signatures = [cost_model.cost_signature(op) for op in operations]
     distinct = dict(zip(signatures, operations))
+    own_names = {signature: _own_names(operation)
+                 for signature, operation in distinct.items()}
     costs = []
     for assignment in assignments_of(dimension_set):
       pricer = cost_model.Pricer(graph, assignment, mesh_sizes)
-      seconds_of = {
-          signature: operation_seconds(
-              pricer.cost(operation), machine, _computing_processors(
-                  operation, assignment, mesh_sizes, num_processors,
-                  share_replicas))
-          for signature, operation in distinct.items()}
+      seconds_of = {}
+      for signature, operation in distinct.items():
+        processors = num_processors
+        if share_replicas:
+          processors = _distinct_slices(own_names[signature], assignment,
+                                        mesh_sizes)
+        seconds_of[signature] = operation_seconds(
+            pricer.cost(operation), machine, processors)
       # Summed in graph order, as pricing every operation would.
       seconds = 0.0
       for signature in signatures:
@@ -77,16 +81,15 @@ def cost_table(estimator, validator, machine, assignments_of):
   return table
 
 
-def _computing_processors(operation, assignment, mesh_sizes, num_processors,
-                          share_replicas):
-  """How many processors compute `operation`: all of them, or with shared
-  replicas one per distinct slice (the product of the sizes of the mesh
+def _own_names(operation):
+  """The dimension names of an operation's inputs and outputs."""
+  return frozenset(name for tensor in operation.inputs + operation.outputs
+                   for name in tensor.shape.dimension_names)
+
+
+def _distinct_slices(own_names, assignment, mesh_sizes):
+  """How many processors compute an operation of `own_names` with shared
+  replicas: one per distinct slice (the product of the sizes of the mesh
   dimensions its own dimensions are split over)."""
-  if not share_replicas:
-    return num_processors
-  used = set()
-  for tensor in list(operation.inputs) + list(operation.outputs):
-    for name in tensor.shape.dimension_names:
-      if name in assignment:
-        used.add(assignment[name])
+  used = {assignment[name] for name in own_names if name in assignment}
   return shape_lib.list_product(mesh_sizes[m] for m in used)

@@ -11,9 +11,11 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import api
+from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import machine
 from mesh_tensorflow.auto_mtf import memory_estimator
+from mesh_tensorflow.auto_mtf import valid_layouts
 
 POD = machine.machine_constants({
     "flops_per_second": 1e12, "elementwise_bytes_per_second": 1e11,
@@ -81,7 +83,6 @@ def test_a_big_batch_is_split_data_parallel():
 def test_the_prediction_is_the_sum_of_counted_costs():
   graph, loss = _two_layer_step(batch=8192, d_in=64, hidden=64, d_out=64)
   optimizer = _optimizer(graph, loss, machine=POD)
-  from mesh_tensorflow.auto_mtf import cost_model  # pylint: disable=g-import-not-at-top
   for layout in ("", "batch:x", "hidden:x", "d_out:x"):
     want, _ = cost_model.predict_step_seconds(graph, "x:8", layout, POD)
     assert optimizer.evaluate_step_seconds(layout) == pytest.approx(
@@ -113,13 +114,13 @@ def _deep_step(num_layers):
 def test_repeated_layers_are_priced_as_the_whole_graph():
   # The search prices operations of one cost signature once; its step time
   # must still be the whole graph's, under every valid layout.
-  from mesh_tensorflow.auto_mtf import cost_model  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.auto_mtf import valid_layouts  # pylint: disable=g-import-not-at-top
   graph, loss = _deep_step(num_layers=3)
   mesh = "a:2;b:2;c:2"
-  optimizer = _optimizer(graph, loss, mesh=mesh, machine=POD)
+  estimator = memory_estimator.MemoryEstimator(graph, mesh, [loss])
+  optimizer = layout_optimizer.LayoutOptimizer(estimator, objective="time",
+                                               machine=POD)
   layouts = list(valid_layouts.enumerate_layouts(
-      optimizer._layout_validator, optimizer.constraint_sets))  # pylint: disable=protected-access
+      estimator.get_layout_validator(), optimizer.constraint_sets))
   assert len(layouts) > 20
   for layout in layouts:
     want, _ = cost_model.predict_step_seconds(graph, mesh, layout, POD)
