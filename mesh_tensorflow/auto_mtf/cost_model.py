@@ -8,10 +8,16 @@ operation under every assignment of that operation's dimension names;
 - compute: the FLOPs of einsums (2 x the product of the sizes of all their
   dimensions, divided by the mesh dimensions splitting them) and
   convolutions, the bytes element-wise and other slice work reads and
-  writes (einsums' operands and results included), and the number of lowered TF ops (one per slicewise operation);
+  writes (einsums' operands and results included), and the number of
+  lowered TF ops (one per slicewise operation);
 - collectives: what the lowering of the operation emits under the layout,
   by kind and mesh dimensions, with the wire bytes the lowering's counters
   give them (`collective_wire_bytes` of module mesh_impl).
+
+For the search's many calls, a `Pricer` prices many operations under one
+assignment (the pending sums found for one serve the next), and
+`cost_signature` tells which operations cost alike under every assignment
+(repeated layers), so that each is priced once.
 
 Replication is costed as it runs: an operation none of whose dimensions is
 split over a mesh dimension runs whole on every processor of it.
