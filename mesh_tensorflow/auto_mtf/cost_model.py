@@ -17,6 +17,11 @@ operation under every assignment of that operation's dimension names;
   by kind and mesh dimensions, with the wire bytes the lowering's counters
   give them (`collective_wire_bytes` of module mesh_impl).
 
+For the search's many calls, a `Pricer` prices many operations under one
+assignment (the pending sums found for one serve the next), and
+`cost_signature` tells which operations cost alike under every assignment
+(repeated layers), so that each is priced once.
+
 Replication is costed as it runs: an operation none of whose dimensions is
 split over a mesh dimension runs whole on every processor of it.
 
@@ -134,20 +139,26 @@ class GraphCost:
 class _Layout:
   """Resolves dimension names to mesh dimensions, fast."""
 
-  __slots__ = ("assignment", "sizes", "order", "num_processors")
+  __slots__ = ("assignment", "sizes", "order", "num_processors", "resolved")
 
   def __init__(self, assignment, mesh_dimension_to_size):
     self.assignment = assignment
     self.sizes = mesh_dimension_to_size
     self.order = {m: i for i, m in enumerate(mesh_dimension_to_size)}
     self.num_processors = math.prod(mesh_dimension_to_size.values())
+    self.resolved = {}  # {name: mesh_dim(name)}, filled as asked.
 
   def mesh_dim(self, name):
     """The mesh dimension `name` is split over, or None."""
+    try:
+      return self.resolved[name]
+    except KeyError:
+      pass
     m = self.assignment.get(name)
     if m is None and shape_lib.SHARD_MARK in name:
       m = shape_lib.split_shard_dimension_name(name)[1]
-    return m if m in self.sizes else None
+    m = self.resolved[name] = m if m in self.sizes else None
+    return m
 
   def slice_sizes(self, dims):
     """Per-processor sizes of `dims` ((name, size) pairs)."""
@@ -190,7 +201,7 @@ class _OpInfo:
 
   __slots__ = ("op", "rule", "inputs", "outputs", "in_dims", "out_dims",
                "in_itemsize", "out_itemsize", "producers", "consumers",
-               "names")
+               "names", "run_signature", "signature")
 
   def __init__(self, op, facts):
     self.op = op
@@ -206,6 +217,8 @@ class _OpInfo:
     # Per output: list of (consumer op, input index) pairs.
     self.consumers = [facts.consumers.get(t, []) for t in self.outputs]
     self.names = None
+    self.run_signature = None
+    self.signature = None
 
 
 def _dims(shape):
@@ -238,6 +251,12 @@ class _GraphFacts:
           seen.add(t)
           self.num_consumers[t] = self.num_consumers.get(t, 0) + 1
     self.infos = {}
+    self.signature_ids = {}
+
+  def intern(self, signature):
+    """A small int standing for `signature` (a tuple of ints and facts):
+    nested signatures stay flat, cheap to hash and compare."""
+    return self.signature_ids.setdefault(signature, len(self.signature_ids))
 
   def info(self, op):
     info = self.infos.get(op)
@@ -280,14 +299,24 @@ def _facts(graph):
 
 
 class _Context:
-  """Pending-sum states of tensors under one layout (memoized)."""
+  """Pending-sum states of tensors and what rules' run gives under one
+  layout (memoized)."""
 
-  __slots__ = ("facts", "layout", "memo")
+  __slots__ = ("facts", "layout", "memo", "results")
 
   def __init__(self, facts, layout):
     self.facts = facts
     self.layout = layout
     self.memo = {}
+    self.results = {}
+
+  def run(self, op_info):
+    """op_info.rule.run under this layout (computed once: an operation's
+    consumers ask for its pending sums, and it is priced itself)."""
+    result = self.results.get(op_info)
+    if result is None:
+      result = self.results[op_info] = op_info.rule.run(op_info, self)
+    return result
 
   def state(self, op_info, i):
     """The pending mesh dims (tuple, mesh order) of input i of an op."""
@@ -302,7 +331,7 @@ class _Context:
       state = ()
     else:
       index = pinfo.outputs.index(t)
-      state = pinfo.rule.run(pinfo, self).pending[index]
+      state = self.run(pinfo).pending[index]
       if state and self.facts.num_consumers.get(t, 0) > 1:
         state = ()  # Reduced when made.
     self.memo[t] = state
@@ -345,7 +374,8 @@ class _Rule:
 
   # Whether an output can be a pending sum; whether that depends on the
   # inputs' pending sums (passes them on); whether the rule can keep an
-  # input pending (else every pending input is reduced plainly).
+  # input pending (else every pending input is reduced plainly). Only a
+  # rule that passes or keeps reads its inputs' pending sums (ctx.state).
   may_pend = False
   passes = False
   may_keep = False
@@ -357,6 +387,12 @@ class _Rule:
   def keeps_pending(self, info, index, pending, ctx):
     del info, index, pending, ctx
     return False
+
+  def attributes(self, info):
+    """What run and keeps_pending read of the operation besides its
+    shapes, dtypes and inputs' pending sums (part of its cost_signature)."""
+    del info
+    return ()
 
   def names(self, info):
     """Dimension names this operation's own lowering depends on."""
@@ -435,6 +471,9 @@ class _Reduce(_Rule):
   may_pend = True
   passes = True
   may_keep = True
+
+  def attributes(self, info):
+    return (info.op.reduction_fn_string,)
 
   def _mesh_dims(self, info, layout):
     out_names = {n for n, _ in info.out_dims[0]}
@@ -536,6 +575,10 @@ class _Depend(_Rule):
 
 class _Softmax(_Rule):
 
+  def attributes(self, info):
+    return (info.op._reduced_dim.name,  # pylint: disable=protected-access
+            type(info.op).__name__)
+
   def run(self, info, ctx):
     layout = ctx.layout
     dims = info.in_dims[0]
@@ -553,6 +596,11 @@ class _Softmax(_Rule):
 
 
 class _Shift(_Rule):
+
+  def attributes(self, info):
+    op = info.op
+    # pylint: disable=protected-access
+    return (op._dim.name, op._offset, op._wrap)
 
   def run(self, info, ctx):
     layout = ctx.layout
@@ -605,6 +653,9 @@ def _indices_mesh_dim_axis(layout, dims, m):
 class _Gather(_Rule):
   may_pend = True
 
+  def attributes(self, info):
+    return (info.op._dim.name,)  # pylint: disable=protected-access
+
   def run(self, info, ctx):
     layout = ctx.layout
     dim = info.op._dim.name  # pylint: disable=protected-access
@@ -627,6 +678,9 @@ class _Gather(_Rule):
 
 class _ScatterAdd(_Rule):
   may_pend = True
+
+  def attributes(self, info):
+    return (info.op._dim.name,)  # pylint: disable=protected-access
 
   def run(self, info, ctx):
     layout = ctx.layout
@@ -656,6 +710,9 @@ class _Conv(_Rule):
   is summed over leaves a pending sum."""
 
   may_pend = True
+
+  def attributes(self, info):
+    return (info.op._rank,)  # pylint: disable=protected-access
 
   def run(self, info, ctx):
     layout = ctx.layout
@@ -804,6 +861,11 @@ class _TopK(_Rule):
   """top_k over a split dimension: each block's top k, all-concatenated
   (values and indices), then merged."""
 
+  def attributes(self, info):
+    op = info.op
+    # pylint: disable=protected-access
+    return (op.reduced_dim.name, op.reduced_dim.size, op._k)
+
   def run(self, info, ctx):
     layout = ctx.layout
     op = info.op
@@ -825,6 +887,9 @@ class _TopK(_Rule):
 class _Cumsum(_Rule):
   """cumsum along a split dimension: block totals all-concatenated."""
 
+  def attributes(self, info):
+    return (info.op._dim.name,)  # pylint: disable=protected-access
+
   def run(self, info, ctx):
     layout = ctx.layout
     dims = info.in_dims[0]
@@ -842,6 +907,9 @@ class _Cumsum(_Rule):
 
 class _Unstack(_Rule):
   """unstack along a split dimension all-concatenates it first."""
+
+  def attributes(self, info):
+    return (info.op._dim.name,)  # pylint: disable=protected-access
 
   def run(self, info, ctx):
     layout = ctx.layout
@@ -917,7 +985,7 @@ def _mesh_sizes(mesh_dimension_to_size):
 
 def _cost(info, ctx):
   """The OperationCost of one operation (see the module doc)."""
-  result = info.rule.run(info, ctx)
+  result = ctx.run(info)
   collectives = list(result.collectives)
   layout = ctx.layout
   for k, pending in enumerate(result.pending):
@@ -955,10 +1023,77 @@ def operation_cost(operation, assignment, mesh_dimension_to_size):
   Returns:
     an OperationCost (see the module doc for how pending sums are charged).
   """
-  sizes = _mesh_sizes(mesh_dimension_to_size)
+  return Pricer(operation.graph, assignment,
+                mesh_dimension_to_size).cost(operation)
+
+
+class Pricer:
+  """Prices operations of one graph under one layout, as operation_cost
+  does; the pending sums found for one operation serve the next (the
+  layout search prices many operations under each assignment)."""
+
+  def __init__(self, mtf_graph, assignment, mesh_dimension_to_size):
+    """See operation_cost for `assignment` and `mesh_dimension_to_size`."""
+    self._facts = _facts(mtf_graph)
+    self._context = _Context(self._facts, _Layout(
+        assignment, _mesh_sizes(mesh_dimension_to_size)))
+
+  def cost(self, operation):
+    """The per-processor OperationCost of `operation` (of this graph)."""
+    return _cost(self._facts.info(operation), self._context)
+
+
+def cost_signature(operation):
+  """An int that two operations of one graph share only if operation_cost
+  prices them alike under every assignment: the same rule, attributes,
+  shapes and dtypes, and alike where the cost reads its neighbours (the
+  pending sums of its inputs, from their producers up; the sole consumer
+  that may keep its output pending). Repeated layers share signatures, so
+  the layout search prices each distinct operation once."""
   facts = _facts(operation.graph)
-  ctx = _Context(facts, _Layout(assignment, sizes))
-  return _cost(facts.info(operation), ctx)
+  info = facts.info(operation)
+  if info.signature is None:
+    outputs = []
+    for k, t in enumerate(info.outputs):
+      n = facts.num_consumers.get(t, 0)
+      if n == 1:
+        # _cost asks this consumer whether it keeps a pending output.
+        consumer, index = info.consumers[k][0]
+        outputs.append((_run_signature(facts, facts.info(consumer)), index))
+      else:
+        outputs.append(min(n, 2))  # Never reduced, or reduced when made.
+    info.signature = facts.intern(
+        (_run_signature(facts, info), tuple(outputs)))
+  return info.signature
+
+
+def _run_signature(facts, info):
+  """An int standing for everything info.rule.run and keeps_pending read:
+  the rule, its attributes, the shapes and dtypes, and (for a rule that
+  reads them) the signatures of its inputs' pending sums."""
+  if info.run_signature is None:
+    states = ()
+    if info.rule.passes or info.rule.may_keep:
+      states = tuple(_state_signature(facts, info, i)
+                     for i in range(len(info.inputs)))
+    info.run_signature = facts.intern((
+        type(info.rule).__name__, info.rule.attributes(info),
+        tuple(info.in_dims), tuple(info.out_dims), tuple(info.in_itemsize),
+        tuple(info.out_itemsize), states))
+  return info.run_signature
+
+
+def _state_signature(facts, info, i):
+  """What _Context.state of input i depends on: -1 if it is never pending,
+  else its producer's run signature and output index."""
+  producer = info.producers[i]
+  if producer is None:
+    return -1
+  t = info.inputs[i]
+  pinfo = facts.info(producer)
+  if not pinfo.rule.may_pend or facts.num_consumers.get(t, 0) > 1:
+    return -1
+  return (_run_signature(facts, pinfo), pinfo.outputs.index(t))
 
 
 def cost_dimension_names(operation):
@@ -1039,9 +1174,10 @@ def predict_step_seconds(mtf_graph, mesh_shape, layout_rules, machine):
   """(predicted seconds of one step, breakdown dict).
 
   `machine` has compute_seconds(flops, elementwise_bytes, num_ops,
-  num_processors, matmul_bytes) and collective_seconds(kind, mesh_dimension_names,
-  wire_bytes) (one call's time). The step time is the compute time of the
-  summed per-processor work plus the time of every collective call.
+  num_processors, matmul_bytes) and collective_seconds(kind,
+  mesh_dimension_names, wire_bytes) (one call's time). The step time is the
+  compute time of the summed per-processor work plus the time of every
+  collective call.
   """
   sizes = _mesh_sizes(mesh_shape)
   cost = graph_cost(mtf_graph, sizes, layout_rules)

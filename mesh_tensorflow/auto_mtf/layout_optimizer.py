@@ -13,9 +13,12 @@ however large the graph:
 
 Constraints: each d on at most one mesh dimension; no two names of one
 tensor on the same mesh dimension; only assignments LayoutValidator
-allows (divisibility, splittability); exactly one y[S][.] per set, linked to
-the x both ways; and at every step of a memory-minimizing schedule, the
-bytes of the tensors in memory under the chosen assignments are at most z.
+allows (divisibility, splittability); exactly one y[S][.] per set, and
+x[d, m] the sum of the y[S][a] with a[d] = m for every d in S (so the x
+agree with the chosen a); and at every step of a memory-minimizing
+schedule, the bytes of the tensors in memory under the chosen assignments
+are at most z (for the time objective only under a budget: else z is free
+and they cannot bind).
 
 Objectives:
   "memory" (the original's): minimize z, ties going to more splitting.
@@ -42,7 +45,8 @@ data-parallel sharding's memory is counted when asked for.
 import collections
 import itertools
 import logging
-import time
+
+import numpy as np
 
 from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
@@ -114,6 +118,8 @@ class LayoutOptimizer(object):
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
     self._memory_contents = None
+    self._divisors_of = {}
+    self._sharded_bytes_of = {}
     self._model = self._cp_model.CpModel()
     self._preprocess_input()
     self._step_costs = None
@@ -125,8 +131,6 @@ class LayoutOptimizer(object):
     self._initialize_variables()
     self._add_constraints()
     self._build_objective_function()
-    self.build_seconds = None
-    self.solve_seconds = None
 
   # ------------------------------------------------------------ the program
 
@@ -239,12 +243,14 @@ class LayoutOptimizer(object):
     for d in sorted(self._layout_validator.splittable_mtf_dimension_names):
       for m in self._mesh_sizes:
         self._global_vars[(d, m)] = model.new_bool_var(_global_var_name(d, m))
+    # y[S][a] in the order of self._assignments_of(S); sets sorted, so
+    # that the program (and the solver's pick among equal optima) does not
+    # depend on Python's hash seed.
     self._local_vars = {}
     for dimension_set in sorted(self._dimension_sets, key=sorted):
-      self._local_vars[dimension_set] = {
-          _local_var_name(dimension_set, a): model.new_bool_var(
-              _local_var_name(dimension_set, a))
-          for a in self._assignments_of(dimension_set)}
+      self._local_vars[dimension_set] = [
+          model.new_bool_var(_local_var_name(dimension_set, a))
+          for a in self._assignments_of(dimension_set)]
     upper_bound = sum(
         self._graph.get_tensor_size(t)
         for t in self._graph.get_all_tensor_names()
@@ -252,74 +258,108 @@ class LayoutOptimizer(object):
     self._memory_var = model.new_int_var(0, max(upper_bound, 1), "z")
 
   def _add_constraints(self):
+    """The constraints of the module doc, in a fixed order (sets sorted):
+    the program must not depend on Python's hash seed."""
     model = self._model
     x = self._global_vars
     for m in self._mesh_sizes:
-      for dimension_set in self.constraint_sets:
+      for dimension_set in sorted(self.constraint_sets, key=sorted):
         if len(dimension_set) > 1:
-          model.add(sum(x[(d, m)] for d in dimension_set) <= 1)
-    for d in self._layout_validator.splittable_mtf_dimension_names:
+          model.add(sum(x[(d, m)] for d in sorted(dimension_set)) <= 1)
+    for d in sorted(self._layout_validator.splittable_mtf_dimension_names):
       model.add(sum(x[(d, m)] for m in self._mesh_sizes) <= 1)
       for m in self._mesh_sizes:
         if not self._layout_validator.is_valid_assignment(d, m):
           model.add(x[(d, m)] == 0)
-    for dimension_set in self._dimension_sets:
-      local = self._local_vars[dimension_set]
-      model.add_exactly_one(list(local.values()))
-      for assignment in self._assignments_of(dimension_set):
-        y = local[_local_var_name(dimension_set, assignment)]
-        for d in dimension_set:
-          if d in assignment:
-            model.add_implication(y, x[(d, assignment[d])])
-          else:
-            for m in self._mesh_sizes:
-              model.add_implication(x[(d, m)], y.Not())
-    for bytes_by_set in self._memory_steps():
-      model.add(self._memory_expression(bytes_by_set) <= self._memory_var)
+    for dimension_set, local in self._local_vars.items():
+      model.add_exactly_one(local)
+      # The x agree with the chosen assignment exactly: x[d, m] is the sum
+      # of the y whose assignment puts d on m. (Linking each y to the x by
+      # implications says the same in many more clauses, which the
+      # solver's presolve spent seconds probing.)
+      putting = collections.defaultdict(list)
+      for y, assignment in zip(local, self._assignments_of(dimension_set)):
+        for d, m in assignment.items():
+          putting[(d, m)].append(y)
+      for d in sorted(dimension_set):
+        for m in self._mesh_sizes:
+          model.add(x[(d, m)] == self._cp_model.LinearExpr.sum(
+              putting[(d, m)]))
+    if self._objective == "memory" or self._memory_budget is not None:
+      # Else z is free and these constraints cannot change the pick.
+      for bytes_by_set in self._memory_steps():
+        model.add(self._memory_expression(bytes_by_set) <= self._memory_var)
     if self._memory_budget is not None:
       model.add(self._memory_var <= int(self._memory_budget))
 
   def _memory_expression(self, bytes_by_set):
     """Bytes per processor of a step's tensors, as a linear expression."""
-    terms = []
+    variables = []
+    coefficients = []
     for key, whole_bytes in bytes_by_set.items():
       if isinstance(key, _ShardedTensor):
         dimension_set = self._tensor_dimension_set[key.name]
-        local = self._local_vars[dimension_set]
-        for assignment in self._assignments_of(dimension_set):
-          size = self._tensor_bytes(key.name, assignment)
-          terms.append(
-              size * local[_local_var_name(dimension_set, assignment)])
-        continue
-      local = self._local_vars[key]
-      for assignment in self._assignments_of(key):
-        size = -(-whole_bytes // _divisor(assignment, self._mesh_sizes))
-        terms.append(size * local[_local_var_name(key, assignment)])
-    return sum(terms)
+        coefficients += self._sharded_bytes(key.name)
+      else:
+        dimension_set = key
+        coefficients += [-(-whole_bytes // divisor)
+                         for divisor in self._divisors(key)]
+      variables += self._local_vars[dimension_set]
+    return self._cp_model.LinearExpr.weighted_sum(variables, coefficients)
+
+  def _divisors(self, dimension_set):
+    """Per assignment of `dimension_set` (in order), how many slices it
+    cuts a tensor of those names into (computed once)."""
+    found = self._divisors_of.get(dimension_set)
+    if found is None:
+      found = self._divisors_of[dimension_set] = [
+          _divisor(a, self._mesh_sizes)
+          for a in self._assignments_of(dimension_set)]
+    return found
+
+  def _sharded_bytes(self, tensor_name):
+    """Per assignment of a sharded variable's dimension set (in order),
+    its bytes per processor (computed once)."""
+    found = self._sharded_bytes_of.get(tensor_name)
+    if found is None:
+      dimension_set = self._tensor_dimension_set[tensor_name]
+      found = self._sharded_bytes_of[tensor_name] = [
+          self._tensor_bytes(tensor_name, a)
+          for a in self._assignments_of(dimension_set)]
+    return found
 
   def _memory_steps(self):
     """Per schedule step, {dimension set: whole bytes of its tensors in
-    memory}; steps another step dominates are dropped."""
+    memory, or _ShardedTensor: 1}, in schedule order; steps another step
+    dominates (no less of every key) are dropped."""
     graph = self._graph
-    tensor_bytes = {
-        t: graph.get_tensor_size(t)
-        for t in graph.get_all_tensor_names()
-        if graph.is_tensor_on_canonical_device(t)}
-    steps = set()
+    keyed = {}  # {tensor name: (key, amount)}
+    for t in graph.get_all_tensor_names():
+      if t in self._sharded_tensors:
+        keyed[t] = (_ShardedTensor(t), 1)
+      elif graph.is_tensor_on_canonical_device(t):
+        keyed[t] = (self._tensor_dimension_set[t], graph.get_tensor_size(t))
+    # Consecutive steps differ by a few tensors: update the totals.
+    totals = {}
+    counts = collections.Counter()
+    previous = frozenset()
+    steps = {}
     for contents in self._get_memory_contents():
-      totals = collections.Counter()
-      for t in contents:
-        if t in self._sharded_tensors:
-          totals[_ShardedTensor(t)] += 1
-        elif t in tensor_bytes:
-          totals[self._tensor_dimension_set[t]] += tensor_bytes[t]
-      steps.add(frozenset(totals.items()))
-    steps = [dict(s) for s in steps]
-    kept = []
-    for step in sorted(steps, key=lambda s: -sum(s.values())):
-      if not any(_dominates(other, step) for other in kept):
-        kept.append(step)
-    return kept
+      for t in contents - previous:
+        if t in keyed:
+          key, amount = keyed[t]
+          totals[key] = totals.get(key, 0) + amount
+          counts[key] += 1
+      for t in previous - contents:
+        if t in keyed:
+          key, amount = keyed[t]
+          totals[key] -= amount
+          counts[key] -= 1
+          if not counts[key]:
+            del totals[key], counts[key]
+      previous = contents
+      steps.setdefault(frozenset(totals.items()), None)
+    return _undominated([dict(sorted(s, key=_key_order)) for s in steps])
 
   def _build_objective_function(self):
     scale = len(self._layout_validator.splittable_mtf_dimension_names) + 1
@@ -327,13 +367,19 @@ class LayoutOptimizer(object):
     if self._objective == "memory":
       self._model.minimize(scale * self._memory_var - splits)
       return
-    terms = []
-    for dimension_set, costs in self._step_costs.items():
-      local = self._local_vars[dimension_set]
-      for assignment in self._assignments_of(dimension_set):
-        key = _local_var_name(dimension_set, assignment)
-        terms.append(_nanoseconds(costs[key]) * local[key])
-    self._model.minimize(scale * sum(terms) - splits)
+    variables = []
+    coefficients = []
+    for dimension_set, local in self._local_vars.items():
+      costs = self._step_costs.get(dimension_set)
+      if costs is None:
+        continue
+      for y, assignment in zip(local, self._assignments_of(dimension_set)):
+        variables.append(y)
+        coefficients.append(
+            _nanoseconds(costs[_local_var_name(dimension_set, assignment)]))
+    self._model.minimize(
+        scale * self._cp_model.LinearExpr.weighted_sum(
+            variables, coefficients) - splits)
 
   def _get_memory_contents(self):
     """The tensors in memory at each step of the schedule (computed once)."""
@@ -360,9 +406,15 @@ class LayoutOptimizer(object):
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = self._max_search_seconds
     solver.parameters.num_workers = 1  # deterministic among equal optima
-    start = time.perf_counter()
+    # Probing (in presolve and search) took seconds on programs of a few
+    # thousand y and found nothing the search needed; the full linear
+    # relaxation of the exactly-one and linking constraints bounds the
+    # objective well, so the search proves the optimum in a fraction of the
+    # time (seconds to tenths on the Transformer and MoE models of
+    # benchmarks/auto_layout.py). The optimum is the same either way.
+    solver.parameters.cp_model_probing_level = 0
+    solver.parameters.linearization_level = 2
     status = solver.solve(self._model)
-    self.solve_seconds = time.perf_counter() - start
     self._cp_solver = solver
     if status == cp_model.FEASIBLE:
       logging.warning("auto_mtf: the solver stopped at its time limit (%.0f "
@@ -474,8 +526,34 @@ class _ShardedTensor(collections.namedtuple("_ShardedTensor", ["name"])):
   own dimensions' sizes, not only on how many processors split them)."""
 
 
-def _dominates(big, small):
-  return all(big.get(k, 0) >= v for k, v in small.items())
+def _key_order(item):
+  """Sorts a memory step's (key, amount) items: dimension sets by their
+  names, then sharded tensors by name (not by hash, which varies)."""
+  key = item[0]
+  if isinstance(key, _ShardedTensor):
+    return (1, [key.name])
+  return (0, sorted(key))
+
+
+def _undominated(steps):
+  """The steps ({key: amount}) no other step dominates (has no less of
+  every key), largest total first (the same total: in the given order)."""
+  columns = {}
+  for step in steps:
+    for key in step:
+      columns.setdefault(key, len(columns))
+  kept = np.zeros((len(steps), len(columns)), dtype=np.int64)
+  num_kept = 0
+  result = []
+  for step in sorted(steps, key=lambda s: -sum(s.values())):
+    index = [columns[k] for k in step]
+    amounts = np.array(list(step.values()), dtype=np.int64)
+    if num_kept and (kept[:num_kept, index] >= amounts).all(axis=1).any():
+      continue
+    kept[num_kept, index] = amounts
+    num_kept += 1
+    result.append(step)
+  return result
 
 
 def _divisor(assignment, mesh_sizes):

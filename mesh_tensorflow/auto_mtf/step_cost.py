@@ -3,10 +3,12 @@ dimension names: the table the layout optimizer's time objective sums.
 
 An operation's cost (cost_model.operation_cost: per-processor FLOPs,
 element-wise bytes, lowered ops and collectives) depends only on how the
-dimension names of its inputs and outputs are split, so operations are
-grouped by that set of names, and within a group by their signature (class
-and shapes), which repeated layers share: each distinct operation is priced
-once per assignment, then multiplied by its count.
+names it reads are split (cost_model.cost_dimension_names: its own, and
+those of neighbours that keep sums pending), so operations are grouped by
+that set of names, and within a group by their cost_model.cost_signature
+(rule, attributes, shapes, dtypes and the neighbours the cost reads), which
+repeated layers share: each distinct operation is priced once per
+assignment, under one cost_model.Pricer per assignment.
 """
 
 import collections
@@ -49,36 +51,46 @@ def cost_table(estimator, validator, machine, assignments_of):
   num_processors = shape_lib.list_product(mesh_sizes.values())
   splittable = validator.splittable_mtf_dimension_names
   share_replicas = bool(getattr(machine, "share_replicas", False))
+  graph = estimator.mtf_graph
   groups = collections.defaultdict(list)
-  for operation in cost_model.all_operations(estimator.mtf_graph):
+  for operation in cost_model.all_operations(graph):
     names = frozenset(cost_model.cost_dimension_names(operation) & splittable)
     groups[names].append(operation)
   table = {}
   for dimension_set, operations in groups.items():
+    signatures = [cost_model.cost_signature(op) for op in operations]
+    distinct = dict(zip(signatures, operations))
+    own_names = {signature: _own_names(operation)
+                 for signature, operation in distinct.items()}
     costs = []
     for assignment in assignments_of(dimension_set):
+      pricer = cost_model.Pricer(graph, assignment, mesh_sizes)
+      seconds_of = {}
+      for signature, operation in distinct.items():
+        processors = num_processors
+        if share_replicas:
+          processors = _distinct_slices(own_names[signature], assignment,
+                                        mesh_sizes)
+        seconds_of[signature] = operation_seconds(
+            pricer.cost(operation), machine, processors)
+      # Summed in graph order, as pricing every operation would.
       seconds = 0.0
-      for operation in operations:
-        seconds += operation_seconds(
-            cost_model.operation_cost(operation, assignment, mesh_sizes),
-            machine, _computing_processors(
-                operation, assignment, mesh_sizes, num_processors,
-                share_replicas))
+      for signature in signatures:
+        seconds += seconds_of[signature]
       costs.append((assignment, seconds))
     table[dimension_set] = costs
   return table
 
 
-def _computing_processors(operation, assignment, mesh_sizes, num_processors,
-                          share_replicas):
-  """How many processors compute `operation`: all of them, or with shared
-  replicas one per distinct slice (the product of the sizes of the mesh
+def _own_names(operation):
+  """The dimension names of an operation's inputs and outputs."""
+  return frozenset(name for tensor in operation.inputs + operation.outputs
+                   for name in tensor.shape.dimension_names)
+
+
+def _distinct_slices(own_names, assignment, mesh_sizes):
+  """How many processors compute an operation of `own_names` with shared
+  replicas: one per distinct slice (the product of the sizes of the mesh
   dimensions its own dimensions are split over)."""
-  if not share_replicas:
-    return num_processors
-  used = set()
-  for tensor in list(operation.inputs) + list(operation.outputs):
-    for name in tensor.shape.dimension_names:
-      if name in assignment:
-        used.add(assignment[name])
+  used = {assignment[name] for name in own_names if name in assignment}
   return shape_lib.list_product(mesh_sizes[m] for m in used)

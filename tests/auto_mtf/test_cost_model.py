@@ -9,6 +9,7 @@ made by hand.
 """
 
 import math
+import random
 import time
 
 import pytest
@@ -235,6 +236,62 @@ def test_graph_cost_is_the_sum_of_operation_costs(case):
                   if rules.mesh_dimension_for(n) in sizes}
     total += cost_model.operation_cost(op, assignment, sizes)
   assert total == cost_model.graph_cost(graph, case[1], case[2]).total
+
+
+def _signature_groups(graph):
+  """Lists of the operations that share cost names and cost signature."""
+  groups = {}
+  for op in cost_model.all_operations(graph):
+    key = (cost_model.cost_dimension_names(op), cost_model.cost_signature(op))
+    groups.setdefault(key, []).append(op)
+  return list(groups.values())
+
+
+@pytest.mark.parametrize(
+    "case", [_CASES[2], _CASES[6], _CASES[7]],
+    ids=[_case_id(c) for c in (_CASES[2], _CASES[6], _CASES[7])])
+def test_operations_sharing_a_cost_signature_cost_alike(case):
+  """The layout search prices one operation per signature: the others must
+  cost the same under any assignment (random ones here, seeded)."""
+  graph, _ = _lowered(case, "placement")
+  sizes = {d.name: d.size for d in mtf.convert_to_shape(case[1])}
+  groups = _signature_groups(graph)
+  num_operations = len(list(cost_model.all_operations(graph)))
+  assert len(groups) < num_operations  # Some are shared.
+  rng = random.Random(0)
+  for ops in groups:
+    names = sorted(cost_model.cost_dimension_names(ops[0]))
+    for _ in range(4 if len(ops) > 1 else 0):
+      assignment = {}
+      for name in names:
+        m = rng.choice(list(sizes) + [None])
+        if m is not None:
+          assignment[name] = m
+      want = cost_model.operation_cost(ops[0], assignment, sizes)
+      for op in ops[1:]:
+        assert cost_model.operation_cost(op, assignment, sizes) == want, (
+            op.name, ops[0].name, assignment)
+
+
+def test_the_cost_signature_tells_consumers_apart():
+  # Twin einsums summing over h: the one read by reduce_sum leaves its sum
+  # pending (charged there), the ones read by relu are reduced at once.
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  b, h, o = (mtf.Dimension(n, 8) for n in "bho")
+  x = mtf.zeros(mesh, [b, h])
+  w = mtf.zeros(mesh, [h, o])
+  kept, reduced, twin = (mtf.einsum([x, w], [b, o]) for _ in range(3))
+  mtf.reduce_sum(kept)
+  mtf.relu(reduced)
+  mtf.relu(twin)
+  signature = lambda t: cost_model.cost_signature(t.operation)
+  assert signature(reduced) == signature(twin)
+  assert signature(kept) != signature(reduced)
+  cost = lambda t: cost_model.operation_cost(t.operation, {"h": "m"},
+                                             {"m": 2})
+  assert not cost(kept).collectives
+  assert cost(reduced).collectives == cost(twin).collectives != ()
 
 
 def _einsum_graph():

@@ -11,9 +11,11 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import api
+from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import machine
 from mesh_tensorflow.auto_mtf import memory_estimator
+from mesh_tensorflow.auto_mtf import valid_layouts
 
 POD = machine.machine_constants({
     "flops_per_second": 1e12, "elementwise_bytes_per_second": 1e11,
@@ -81,11 +83,52 @@ def test_a_big_batch_is_split_data_parallel():
 def test_the_prediction_is_the_sum_of_counted_costs():
   graph, loss = _two_layer_step(batch=8192, d_in=64, hidden=64, d_out=64)
   optimizer = _optimizer(graph, loss, machine=POD)
-  from mesh_tensorflow.auto_mtf import cost_model  # pylint: disable=g-import-not-at-top
   for layout in ("", "batch:x", "hidden:x", "d_out:x"):
     want, _ = cost_model.predict_step_seconds(graph, "x:8", layout, POD)
     assert optimizer.evaluate_step_seconds(layout) == pytest.approx(
         want, rel=1e-9), layout
+
+
+def _deep_step(num_layers):
+  """`num_layers` alike residual blocks h += relu(h @ w1) @ w2, loss =
+  mean(h^2), SGD: operations that share cost signatures, pending sums kept
+  through adds. Returns (graph, loss)."""
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    b, d, f = (mtf.Dimension("batch", 16), mtf.Dimension("d_model", 8),
+               mtf.Dimension("d_ff", 32))
+    h = mtf.import_tf_tensor(mesh, tf.zeros([16, 8]), [b, d])
+    weights = []
+    for i in range(num_layers):
+      w1 = mtf.get_variable(mesh, f"w1_{i}", [d, f])
+      w2 = mtf.get_variable(mesh, f"w2_{i}", [f, d])
+      h += mtf.einsum([mtf.relu(mtf.einsum([h, w1], [b, f])), w2], [b, d])
+      weights += [w1, w2]
+    loss = mtf.reduce_mean(mtf.square(h))
+    grads = mtf.gradients([loss], weights)
+    mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, weights)
+  return graph, loss
+
+
+def test_repeated_layers_are_priced_as_the_whole_graph():
+  # The search prices operations of one cost signature once; its step time
+  # must still be the whole graph's, under every valid layout.
+  graph, loss = _deep_step(num_layers=3)
+  mesh = "a:2;b:2;c:2"
+  estimator = memory_estimator.MemoryEstimator(graph, mesh, [loss])
+  optimizer = layout_optimizer.LayoutOptimizer(estimator, objective="time",
+                                               machine=POD)
+  layouts = list(valid_layouts.enumerate_layouts(
+      estimator.get_layout_validator(), optimizer.constraint_sets))
+  assert len(layouts) > 20
+  for layout in layouts:
+    want, _ = cost_model.predict_step_seconds(graph, mesh, layout, POD)
+    assert optimizer.evaluate_step_seconds(layout) == pytest.approx(
+        want, rel=1e-9), layout
+  best = min(layouts, key=optimizer.evaluate_step_seconds)
+  assert optimizer.evaluate_step_seconds(optimizer.solve()) == (
+      optimizer.evaluate_step_seconds(best))
 
 
 def test_a_memory_budget_overrides_the_fastest_layout():
