@@ -727,8 +727,10 @@ class _Conv(_Rule):
     pending = layout.sort(
         layout.mesh_dim(n) for dims in info.in_dims for n, _ in dims
         if n not in out_names and layout.mesh_dim(n) is not None)
+    # Like an einsum's, its operands and result are priced at the matmul
+    # byte rate.
     return _Result([pending], flops=flops,
-                   elementwise_bytes=_io_bytes(info, layout))
+                   matmul_bytes=_io_bytes(info, layout))
 
 
 class _Reshape(_Rule):

@@ -57,7 +57,7 @@ CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
 _ANY_DIMS = ("*",)  # The key of a collective kind's default link.
 # 2: serial collectives, mtf operation overhead; 3: matmul bytes.
-_CACHE_FORMAT = 3
+_CACHE_FORMAT = 4
 
 
 # ------------------------------------------------------------- constants
@@ -428,8 +428,8 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
 
   Times, under tf.function on the mesh's devices: einsums of a few sizes
   (median FLOP rate on one device; concurrency from the same einsum on one
-  device against on all at once, timed back to back, the median over the
-  sizes; the byte rate of skinny einsums, whose time is mostly their
+  device against on all at once, timed back to back, at the largest size;
+  the byte rate of skinny einsums, whose time is mostly their
   operands' bytes), chains of element-wise ops on all devices at once (op
   overhead and byte rate; on PlacementMeshImpl also lowered mtf ones, for
   the overhead), and every collective of the mesh implementation over
@@ -568,7 +568,11 @@ def _calibrate_compute(devices, plan):
     t_all = max(_median_seconds(all_einsums, inputs, plan.runs,
                                 _identity_program(num)), 1e-9)
     ratios.append(num * t / t_all)
-  concurrency = min(float(num), max(1.0, statistics.median(ratios)))
+  # Concurrency from the largest einsum only: at small sizes one device
+  # leaves cores idle that others fill, but a step's time is its large
+  # einsums, which already use every core (the median over sizes read
+  # 1.0-1.3 on a 2-core host and ranked data parallelism too cheap).
+  concurrency = min(float(num), max(1.0, ratios[-1]))
   slowdown = max(1.0, num / concurrency)
   flops_per_second = statistics.median(rates)
   matmul_bytes_per_second = _matmul_bytes_per_second(
