@@ -12,6 +12,7 @@ from mesh_tensorflow import cluster
 from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl
+from mesh_tensorflow import pipelining
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
@@ -42,6 +43,7 @@ from mesh_tensorflow.ops import mtf_abs as abs  # pylint: disable=redefined-buil
 from mesh_tensorflow.ops import mtf_pow as pow  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_range as range  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_slice as slice  # pylint: disable=redefined-builtin
+from mesh_tensorflow.pipelining import pipeline
 from mesh_tensorflow.processors import pnum_to_group
 from mesh_tensorflow.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.processors import processor_coordinates_to_pnum
