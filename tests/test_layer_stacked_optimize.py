@@ -29,16 +29,24 @@ OPTIMIZERS = {
 }
 
 
-def _train(make_optimizer, mesh_shape, layout, stacked, directory):
+def _train(make_optimizer, mesh_shape, layout, stacked, directory,
+           sharding=None, graphs=None):
   """STEPS training steps in a tf.function; returns the checkpoint's
-  values by name (variables and slots)."""
+  values by name (variables and slots). `sharding`: None, "update"
+  (weight-update sharding) or "parameters" (sharded parameters too);
+  `graphs`, a list, gets the mtf Graph."""
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
   step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
   @tf.function
   def step():
     graph = mtf.Graph()
+    if graphs is not None:
+      graphs.append(graph)
     mesh = mtf.Mesh(graph, "mesh")
+    if sharding is not None:
+      mtf.shard_data_parallel(mesh, mesh_shape, layout,
+                              shard_parameters=sharding == "parameters")
     loss = models.loss(mesh, stacked)
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
@@ -72,6 +80,26 @@ def test_stacked_training_equals_per_layer_training(tmp_path, name):
     assert want["block_002/dense/kernel_slot_vr"].shape == (8,)
     assert want["block_002/dense/kernel_slot_vc"].shape == (16,)
     assert "block_003/bias_slot_v" in want
+
+
+@pytest.mark.parametrize("sharding", ["update", "parameters"])
+def test_stacked_training_with_data_parallel_sharding(tmp_path, sharding):
+  """Weight-update sharding over "b" (the stack is split over "p")."""
+  make_optimizer = OPTIMIZERS["adafactor_factored"]
+  want = _train(make_optimizer, "all:1", "", False, tmp_path)
+  graphs = []
+  got = _train(make_optimizer, "p:2;b:2;m:2", "stage:p;batch:b;h:m", True,
+               tmp_path, sharding=sharding, graphs=graphs)
+  stored = {v.name: v.shape.dimension_names
+            for v in graphs[-1].all_variables}
+  # Slots (and with "parameters" the variables) are stored split over "b".
+  assert stored["stacked_stage/block_000/bias_slot_v"] == ["stage", "d@b"]
+  assert (stored["stacked_stage/block_000/dense/kernel"] ==
+          ["stage", "d@b" if sharding == "parameters" else "d", "h"])
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6,
+                               err_msg=key)
 
 
 def test_compat_graph_mode_saves_per_layer_slot_names(tmp_path):
