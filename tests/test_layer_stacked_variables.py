@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.estimator import checkpoints
 from tests import layer_stacked_models as models
 from tests import mtf_testing
 
@@ -166,7 +167,10 @@ def test_compat_saver_round_trip_between_per_layer_and_stacked(tmp_path):
       saver.restore(sess, ref_path)
       sess.run(lowering.copy_masters_to_slices())
       got = models.rows_by_member(sess.run(reads), graph)
+      kernel = graph.name_to_variable["stacked_stage/block_000/dense/kernel"]
+      master = sess.run(kernel.get_master())
   _assert_same(got, ref_values)
+  np.testing.assert_array_equal(master[3], ref_values["block_003/dense/kernel"])
   # Name-based (Saver) checkpoint -> per-layer variables of another layout.
   per_layer = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "h:all")
   _read_eager(per_layer, False)
@@ -249,3 +253,63 @@ def test_autostack_leaves_layer_stacked_variables_alone():
   lowering = mtf.Lowering(graph, {mesh: impl}, autostack=True)
   # scale and bias ([stage, d] each) would otherwise share a stack.
   assert all(lowering.stack_group(v) is None for v in graph.all_variables)
+
+
+def test_estimator_checkpoints_are_per_layer_both_ways(tmp_path, reference):
+  """The estimator's Checkpointer writes name-based checkpoints from
+  save_specs: stacked rows (split over "p" and "m") under per-layer keys,
+  which restore into per-layer variables."""
+  ref_values, _, ref_path = reference
+  model_dir = os.path.join(tmp_path, "model")
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(*STAGE_2_2D)
+  _read_eager(impl, True)
+  mtf.checkpointing.restore_into(impl, ref_path)
+  step = tf.Variable(7, dtype=tf.int64)
+  path = checkpoints.Checkpointer(model_dir, impl, step).save(7)
+  saved = mtf.checkpointing.load_variables(path)
+  assert sorted(saved) == sorted(models.MEMBERS + ["global_step"])
+  _assert_same({k: v for k, v in saved.items() if k != "global_step"},
+               ref_values)
+  per_layer = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "d:all")
+  restored_step = tf.Variable(0, dtype=tf.int64)
+  checkpoints.Checkpointer(model_dir, per_layer, restored_step).restore()
+  _assert_same(_read_eager(per_layer, False), ref_values)
+  assert int(restored_step.numpy()) == 7
+
+
+def test_mtf_layers_start_as_their_per_layer_selves():
+  """mtf.layers.dense (kernel seeded from its scope), layer_norm and
+  embedding_weights inside the context."""
+  stage = mtf.Dimension("stage", 3)
+  d = mtf.Dimension("d", 4)
+  h = mtf.Dimension("h", 6)
+
+  def build(mesh):
+    x = mtf.zeros(mesh, [models.BATCH, d])
+    mtf.layers.dense(x, h, name="dense")
+    mtf.layers.layer_norm(x, d)
+    mtf.layers.embedding_weights(mesh, h, d, tf.float32, name="emb")
+
+  def initial(stacked):
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(*UNSPLIT)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    if stacked:
+      def names(full_name):
+        return [full_name.replace("layer_000", f"layer_{i:03d}")
+                for i in range(3)]
+      with mtf.stack_layer_variables(stage, names):
+        with tf.compat.v1.variable_scope("decoder/layer_000"):
+          build(mesh)
+    else:
+      for i in range(3):
+        with tf.compat.v1.variable_scope(f"decoder/layer_{i:03d}"):
+          build(mesh)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    values = {v.name: lowering.export_to_tf_tensor(v.outputs[0]).numpy()
+              for v in graph.all_variables}
+    return models.rows_by_member(values, graph)
+
+  expected = initial(False)
+  assert "decoder/layer_002/dense/kernel" in expected
+  _assert_same(initial(True), expected)
