@@ -11,6 +11,7 @@ from mesh_tensorflow import checkpointing
 from mesh_tensorflow import cluster
 from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
+from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import mesh_impl
 from mesh_tensorflow import pipelining
 from mesh_tensorflow import placement_mesh_impl
@@ -29,6 +30,7 @@ from mesh_tensorflow.graph import Mesh
 from mesh_tensorflow.graph import Operation
 from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.graph import VariableDType
+from mesh_tensorflow.layer_stacking import stack_layer_variables
 from mesh_tensorflow.lowering import log_variable_sizes
 from mesh_tensorflow.lowering import Lowering
 from mesh_tensorflow.lowering import pretty_print_counters
