@@ -12,7 +12,6 @@ combined with batch and model (hidden dimension) splits.
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from tests import mtf_testing
