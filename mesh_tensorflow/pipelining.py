@@ -29,8 +29,11 @@ Bubble slots hold zeros, and a slot's output is replaced by zeros (with
 `where`, never by multiplying) whenever that slot holds no micro-batch, so
 whatever the stage function makes of zeros (even inf or NaN) never reaches a
 real micro-batch, the outputs or the gradients that flow between
-iterations. (A stage function whose own derivative is infinite at zero
-input could still put NaN into its weights' gradients from a bubble slot.)
+iterations. (Inside one call of the stage function a bubble slot still
+computes on zeros: a weight whose gradient reads a value that is inf or NaN
+at zero input, e.g. the gain after a norm without epsilon, gets NaN from
+0 * inf. Stages finite at zero input with finite derivatives there, as
+norms with an epsilon are, are safe.)
 
 Communication: feeding slot 0 is local (every processor selects, with
 `where`, the stage-0 slot of a buffer it already holds). Collecting slot

@@ -12,7 +12,6 @@ combined with batch and model (hidden dimension) splits.
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from tests import mtf_testing
@@ -29,6 +28,15 @@ LAYOUTS = [
     ("s:2;b:2;m:2", "stage:s;batch:b;h:m", 2),
 ]
 _STAGES = {(mesh, layout): s for mesh, layout, s in LAYOUTS}
+# As mtf_testing.layout_mode_params does: every layout eagerly and on SIMD,
+# the traced modes on the layout that splits the most.
+_TRACED_LAYOUT = LAYOUTS[-1][:2]
+LAYOUT_MODE_PARAMS = [
+    pytest.param(mesh, layout, mode, id=f"{mesh}-{layout or 'none'}-{mode}")
+    for mesh, layout, _ in LAYOUTS
+    for mode in mtf_testing.MODES + (mtf_testing.V1_SHAPES_MODE,)
+    if mode in mtf_testing.EVERY_LAYOUT_MODES or (mesh,
+                                                   layout) == _TRACED_LAYOUT]
 
 
 def _weights(num_stages, seed=0):
@@ -83,9 +91,7 @@ def _check_pipeline(mesh_shape, layout, mode, num_stages, num_microbatches,
       mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize(
-    "mesh_shape,layout,mode",
-    mtf_testing.mesh_layout_mode_params([(m, l) for m, l, _ in LAYOUTS]))
+@pytest.mark.parametrize("mesh_shape,layout,mode", LAYOUT_MODE_PARAMS)
 def test_matches_the_unpipelined_model(mesh_shape, layout, mode):
   """M = 2S micro-batches: outputs and gradients of x, w1 and w2."""
   num_stages = _STAGES[(mesh_shape, layout)]
@@ -105,7 +111,7 @@ def test_one_stage_is_the_plain_model(mesh_shape, layout):
 
 @pytest.mark.parametrize("mode", ["eager", "simd"])
 def test_recompute_grad_gives_the_same_values_and_gradients(mode):
-  _check_pipeline("all:4", "stage:all", mode, 4, 8, recompute_grad=True)
+  _check_pipeline("all:4", "stage:all", mode, 4, 4, recompute_grad=True)
 
 
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""),
@@ -142,12 +148,15 @@ def test_bubbles_never_leak_inf_or_nan(mesh_shape, layout):
       mesh_shape, layout, "eager")
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode", [
-    ("all:1", "", "eager"), ("a:4;b:2", "stage:a;batch:b", "eager"),
-    ("a:4;b:2", "stage:a;batch:b", "simd")])
+@pytest.mark.parametrize("mesh_shape,layout,mode,recompute", [
+    ("all:1", "", "eager", False),
+    ("a:4;b:2", "stage:a;batch:b", "eager", False),
+    ("a:4;b:2", "stage:a;batch:b", "simd", False),
+    ("a:4;b:2", "stage:a;batch:b", "eager", True)])
 def test_extra_int_input_travels_with_its_microbatch(mesh_shape, layout,
-                                                     mode):
-  """Each stage adds its micro-batch's positions; they come back in order."""
+                                                     mode, recompute):
+  """Each stage adds its micro-batch's positions; they come back in order
+  (also through recompute_grad, which gets an int input)."""
   num_stages = 4
   w1, w2 = _weights(num_stages)
   positions = np.arange(BATCH, dtype=np.int32) * 7 % 11
@@ -156,7 +165,8 @@ def test_extra_int_input_travels_with_its_microbatch(mesh_shape, layout,
     del mesh
     stage = t["w1"].shape.dims[0]
     y, pos = mtf.pipeline(_stage_fn(t["w1"], t["w2"], with_positions=True),
-                          [t["x"], t["pos"]], stage, 4)
+                          [t["x"], t["pos"]], stage, 4,
+                          recompute_grad=recompute)
     return {"y": y, "pos": pos}
 
   def np_fn(x, w1, w2, pos):
