@@ -171,12 +171,14 @@ def test_compat_saver_round_trip_between_per_layer_and_stacked(tmp_path):
       master = sess.run(kernel.get_master())
   _assert_same(got, ref_values)
   np.testing.assert_array_equal(master[3], ref_values["block_003/dense/kernel"])
-  # Name-based (Saver) checkpoint -> per-layer variables of another layout.
+  # The Saver checkpoint of stacked variables -> per-layer variables of
+  # another layout, by name.
+  values, _, path = _save("graph", *STAGE_2_2D, True, tmp_path)
   per_layer = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "h:all")
   _read_eager(per_layer, False)
-  restore = mtf.checkpointing.restore_into(per_layer, ref_path)
+  restore = mtf.checkpointing.restore_into(per_layer, path)
   assert sorted(restore.restored) == models.MEMBERS
-  _assert_same(_read_eager(per_layer, False), ref_values)
+  _assert_same(_read_eager(per_layer, False), values)
 
 
 def _read_eager(impl, stacked):
