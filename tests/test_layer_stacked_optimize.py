@@ -30,16 +30,18 @@ OPTIMIZERS = {
 
 
 def _train(make_optimizer, mesh_shape, layout, stacked, directory,
-           sharding=None, graphs=None):
+           sharding=None, graphs=None, simd=False):
   """STEPS training steps in a tf.function; returns the checkpoint's
   values by name (variables and slots). `sharding`: None, "update"
   (weight-update sharding) or "parameters" (sharded parameters too);
-  `graphs`, a list, gets the mtf Graph."""
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+  `graphs`, a list, gets the mtf Graph; `simd` runs on a SimdMeshImpl."""
+  if simd:
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, layout)
+  else:
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
   step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-  @tf.function
-  def step():
+  def program():
     graph = mtf.Graph()
     if graphs is not None:
       graphs.append(graph)
@@ -54,15 +56,33 @@ def _train(make_optimizer, mesh_shape, layout, stacked, directory,
     lowering = mtf.Lowering(graph, {mesh: impl})
     with tf.control_dependencies(
         [lowering.lowered_operation(u) for u in updates]):
+      return tf.identity(lowering.export_to_tf_tensor(loss))
+
+  @tf.function
+  def step():
+    loss = impl.run(program) if simd else program()
+    with tf.control_dependencies([loss]):
       step_variable.assign_add(1)
-    return lowering.export_to_tf_tensor(loss)
+    return loss
 
   with global_step.global_step_scope(step_variable):
     for _ in range(STEPS):
       step()
   path = tf.train.Checkpoint(model=impl).write(
-      os.path.join(directory, f"{stacked}_{mesh_shape}"))
+      os.path.join(directory, f"{stacked}_{mesh_shape}_{simd}"))
   return mtf.checkpointing.load_variables(path, prefix="model")
+
+
+def _assert_trained_alike(got, want):
+  """The same variables and slots by name, to float32 round-off; slots
+  moved from zero (the steps ran)."""
+  assert sorted(got) == sorted(want)
+  slots = set(want) - set(models.MEMBERS)
+  assert slots and set(models.MEMBERS) < set(want)
+  assert all(np.any(want[k] != 0) for k in slots)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6,
+                               err_msg=key)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -71,15 +91,19 @@ def test_stacked_training_equals_per_layer_training(tmp_path, name):
   want = _train(make_optimizer, "all:1", "", False, tmp_path)
   got = _train(make_optimizer, "p:2;b:2;m:2", "stage:p;batch:b;h:m", True,
                tmp_path)
-  assert sorted(got) == sorted(want)
-  assert set(models.MEMBERS) < set(got)
-  for key, value in want.items():
-    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6,
-                               err_msg=key)
+  _assert_trained_alike(got, want)
   if name == "adafactor_factored":
     assert want["block_002/dense/kernel_slot_vr"].shape == (8,)
     assert want["block_002/dense/kernel_slot_vc"].shape == (16,)
     assert "block_003/bias_slot_v" in want
+
+
+def test_stacked_training_on_simd_equals_per_layer_training(tmp_path):
+  make_optimizer = OPTIMIZERS["adafactor_factored"]
+  want = _train(make_optimizer, "all:1", "", False, tmp_path)
+  got = _train(make_optimizer, "p:2;b:2;m:2", "stage:p;batch:b;h:m", True,
+               tmp_path, simd=True)
+  _assert_trained_alike(got, want)
 
 
 @pytest.mark.parametrize("sharding", ["update", "parameters"])
@@ -96,10 +120,7 @@ def test_stacked_training_with_data_parallel_sharding(tmp_path, sharding):
   assert stored["stacked_stage/block_000/bias_slot_v"] == ["stage", "d@b"]
   assert (stored["stacked_stage/block_000/dense/kernel"] ==
           ["stage", "d@b" if sharding == "parameters" else "d", "h"])
-  assert sorted(got) == sorted(want)
-  for key, value in want.items():
-    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6,
-                               err_msg=key)
+  _assert_trained_alike(got, want)
 
 
 def test_compat_graph_mode_saves_per_layer_slot_names(tmp_path):

@@ -171,12 +171,14 @@ def test_compat_saver_round_trip_between_per_layer_and_stacked(tmp_path):
       master = sess.run(kernel.get_master())
   _assert_same(got, ref_values)
   np.testing.assert_array_equal(master[3], ref_values["block_003/dense/kernel"])
-  # Name-based (Saver) checkpoint -> per-layer variables of another layout.
+  # The Saver checkpoint of stacked variables -> per-layer variables of
+  # another layout, by name.
+  values, _, path = _save("graph", *STAGE_2_2D, True, tmp_path)
   per_layer = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "h:all")
   _read_eager(per_layer, False)
-  restore = mtf.checkpointing.restore_into(per_layer, ref_path)
+  restore = mtf.checkpointing.restore_into(per_layer, path)
   assert sorted(restore.restored) == models.MEMBERS
-  _assert_same(_read_eager(per_layer, False), ref_values)
+  _assert_same(_read_eager(per_layer, False), values)
 
 
 def _read_eager(impl, stacked):
@@ -313,3 +315,17 @@ def test_mtf_layers_start_as_their_per_layer_selves():
   expected = initial(False)
   assert "decoder/layer_002/dense/kernel" in expected
   _assert_same(initial(True), expected)
+
+
+def test_each_row_is_written_in_blocks_by_its_holders():
+  """Stage split over "p" (2 rows per processor), h over "m": a row is
+  saved as the two halves its holders keep, no full copy anywhere."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(*STAGE_2_2D)
+  _read_eager(impl, True)
+  node = impl._lookup_dependency("block_003")  # pylint: disable=protected-access
+  kernel = node.child("dense").child("kernel")
+  blocks = dict(kernel.blocks())
+  assert sorted(blocks) == ["8 16 0,8:0,8", "8 16 0,8:8,8"]
+  # Rows 2-3 live on p = 1: processors 4-7 (p is the first mesh dimension).
+  assert sorted(p for pnums in blocks.values() for p in pnums) == [4, 5, 6, 7]
+  assert kernel.read_block(4).shape.as_list() == [8, 8]
