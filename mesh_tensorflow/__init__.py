@@ -11,7 +11,9 @@ from mesh_tensorflow import checkpointing
 from mesh_tensorflow import cluster
 from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
+from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import mesh_impl
+from mesh_tensorflow import pipelining
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
@@ -28,6 +30,7 @@ from mesh_tensorflow.graph import Mesh
 from mesh_tensorflow.graph import Operation
 from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.graph import VariableDType
+from mesh_tensorflow.layer_stacking import stack_layer_variables
 from mesh_tensorflow.lowering import log_variable_sizes
 from mesh_tensorflow.lowering import Lowering
 from mesh_tensorflow.lowering import pretty_print_counters
@@ -42,6 +45,7 @@ from mesh_tensorflow.ops import mtf_abs as abs  # pylint: disable=redefined-buil
 from mesh_tensorflow.ops import mtf_pow as pow  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_range as range  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_slice as slice  # pylint: disable=redefined-builtin
+from mesh_tensorflow.pipelining import pipeline
 from mesh_tensorflow.processors import pnum_to_group
 from mesh_tensorflow.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.processors import processor_coordinates_to_pnum

@@ -22,6 +22,12 @@ slices are tracked in graph mode too, under a node of the graph
 Session writes the eager keys. `load_variables` reads either kind of
 checkpoint back by mtf name.
 
+A layer-stacked variable (mtf.stack_layer_variables) is saved as one entry
+per member name, each a row of it (`SlicedVariableNode(row=i)`): the keys
+and values the separate per-layer variables would have, written by the
+processors holding that row, so it restores into per-layer variables and
+the reverse, under any layout.
+
 The original library's checkpoints are name-based (`tf.compat.v1.train.Saver`
 of the master variables: key = mtf name, whole value, master dtype, plus
 "global_step"). `save_specs` gives what such a checkpoint is written from,
@@ -103,13 +109,22 @@ class SlicedVariableNode(ScopeNode):
     shape: the variable's mtf Shape.
     master_dtype: the dtype it is saved in.
     storage: gives `slice_value(pnum)` (a tf.Tensor) and
-      `assign_slice(pnum, value)` for every processor.
+      `assign_slice(pnum, value)` for every processor (and, for a row,
+      `assign_slice_row(pnum, index, value)`).
     devices: the device of each processor, in pnum order.
+    row: None, or the index of one row of a layer-stacked variable (along
+      its first dimension) that this node saves as a variable of its own,
+      of shape `shape` without its first dimension: only the processors
+      whose slices hold that row write and read it.
   """
 
-  def __init__(self, mesh_impl, shape, master_dtype, storage, devices):
+  def __init__(self, mesh_impl, shape, master_dtype, storage, devices,
+               row=None):
     self._mesh_impl = mesh_impl
-    self._shape = shape_lib.convert_to_shape(shape)
+    self._stored_shape = shape_lib.convert_to_shape(shape)
+    self._row = row
+    self._shape = (self._stored_shape if row is None else
+                   shape_lib.Shape(self._stored_shape.dims[1:]))
     self._master_dtype = master_dtype
     self._storage = storage
     self._devices = list(devices)
@@ -121,10 +136,25 @@ class SlicedVariableNode(ScopeNode):
   def device(self, pnum):
     return self._devices[pnum]
 
+  def _block(self, pnum):
+    """(begin, size, index of the row in the slice) of processor pnum's
+    block of this node's value, or None if it holds none of it."""
+    begin = self._mesh_impl.slice_begin(self._stored_shape, pnum)
+    size = self._mesh_impl.slice_shape(self._stored_shape)
+    if self._row is None:
+      return begin, size, None
+    index = self._row - begin[0]
+    if not 0 <= index < size[0]:
+      return None
+    return begin[1:], size[1:], index
+
   def read_block(self, pnum):
     """Processor `pnum`'s slice, in the master dtype, on its device."""
     with tf.device(self._devices[pnum]):
-      return tf.cast(self._storage.slice_value(pnum), self._master_dtype)
+      value = self._storage.slice_value(pnum)
+      if self._row is not None:
+        value = value[self._block(pnum)[2]]
+      return tf.cast(value, self._master_dtype)
 
   @property
   def shape(self):
@@ -132,7 +162,10 @@ class SlicedVariableNode(ScopeNode):
 
   def assign_block(self, pnum, value):
     with tf.device(self._devices[pnum]):
-      return self._storage.assign_slice(pnum, value)
+      if self._row is None:
+        return self._storage.assign_slice(pnum, value)
+      return self._storage.assign_slice_row(pnum, self._block(pnum)[2],
+                                            value)
 
   def assign_full(self, value):
     """Gives every processor its slice of the full `value` (a NumPy array).
@@ -152,10 +185,9 @@ class SlicedVariableNode(ScopeNode):
                                           value.shape)
           feed = {full: value}
         full = tf.cast(full, self._master_dtype)
-      size = self._mesh_impl.slice_shape(self._shape)
       ops = []
       for _, pnums in self.blocks():
-        begin = self._mesh_impl.slice_begin(self._shape, pnums[0])
+        begin, size, _ = self._block(pnums[0])
         with tf.device("/cpu:0"):
           block = tf.slice(full, begin, size) if size else full
         for pnum in pnums:
@@ -167,14 +199,13 @@ class SlicedVariableNode(ScopeNode):
   def blocks(self):
     """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
     full = self._shape.to_integer_list
-    size = self._mesh_impl.slice_shape(self._shape)
     blocks = {}
     for pnum in range(self._mesh_impl.size):
-      if size == full:
-        spec = ""
-      else:
-        spec = _slice_spec(full, self._mesh_impl.slice_begin(self._shape, pnum),
-                           size)
+      block = self._block(pnum)
+      if block is None:
+        continue
+      begin, size, _ = block
+      spec = "" if size == full else _slice_spec(full, begin, size)
       blocks.setdefault(spec, []).append(pnum)
     return list(blocks.items())
 

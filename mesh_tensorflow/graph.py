@@ -23,6 +23,8 @@ class Graph:
     self._trainable_variables = []
     self._all_variables = []
     self._name_to_variable = {}
+    # member name -> the layer-stacked Variable one of whose rows it is.
+    self._member_to_variable = {}
     self._names_in_use = {}
     self._name_prefixes = []
     self._captured_variable_scope = tf.compat.v1.get_variable_scope().name
@@ -100,9 +102,29 @@ class Graph:
   def _add_operation(self, operation):
     self._operations.append(operation)
 
+  def variable_of_member(self, name):
+    """The layer-stacked Variable a row of which is variable `name`, or
+    None (see mtf.stack_layer_variables)."""
+    return self._member_to_variable.get(name)
+
   def _add_variable(self, variable):
     if variable.name in self._name_to_variable:
       raise errors.ShapeError(f"Variable {variable.name!r} already exists.")
+    members = getattr(variable, "member_names", None) or []
+    for name in [variable.name] + members:
+      owner = self._member_to_variable.get(name)
+      if owner is not None:
+        raise errors.ShapeError(
+            f"Variable {name!r} is already row "
+            f"{owner.member_names.index(name)} of layer-stacked variable "
+            f"{owner.name!r}; it cannot be created again.")
+    for name in members:
+      if name in self._name_to_variable:
+        raise errors.ShapeError(
+            f"Layer-stacked variable {variable.name!r}: its member "
+            f"{name!r} already exists as a variable of its own.")
+    for name in members:
+      self._member_to_variable[name] = variable
     self._name_to_variable[variable.name] = variable
     self._all_variables.append(variable)
     if variable.trainable:

@@ -18,6 +18,14 @@ does (the estimator, or a model function's
 may be given as schedules, functions from the step (a float32 mtf scalar,
 TF's step imported into the mesh) to a rate.
 `get_or_create_global_step(mesh)` gives the step as an int64 mtf scalar.
+
+Layer-stacked variables (mtf.stack_layer_variables) are updated row by row
+exactly as their members would be: their slots are layer-stacked (members
+"<member><suffix>"), statistics over a whole variable (Adafactor's
+parameter scale and update clipping) are taken per row, Adafactor never
+factors over the stack dimension, and name-based choices (weight decay
+exclusions, per-regex learning rates) are made on the member names, which
+must agree.
 """
 
 import math
@@ -31,6 +39,7 @@ from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import ops as mtf
 from mesh_tensorflow import shape as shape_lib
 
@@ -59,6 +68,33 @@ def _as_variable(var):
   return var
 
 
+def _member_names(var):
+  """The names a variable's rows stand for: its members if layer-stacked,
+  else just its own name."""
+  members = getattr(var, "member_names", None)
+  return [var.name] if members is None else members
+
+
+def _per_member(var, fn, what):
+  """fn(name), which must be the same for every member of `var`."""
+  results = {name: fn(name) for name in _member_names(var)}
+  distinct = set(results.values())
+  if len(distinct) > 1:
+    raise ValueError(
+        f"Layer-stacked variable {var.name!r}: {what} differs among its "
+        f"members ({results}); a stack's rows are updated alike. Make the "
+        "regexes agree on all members of the stack.")
+  return distinct.pop()
+
+
+def _row_statistic_shape(var):
+  """The output shape of a statistic over a whole variable: a scalar, or
+  one per row of a layer-stacked variable (its first dimension)."""
+  if getattr(var, "member_names", None) is None:
+    return shape_lib.Shape([])
+  return shape_lib.Shape(var.shape.dims[:1])
+
+
 def _slot(var, suffix, dtype=tf.float32, shape=None):
   """The zero-initialised, non-trainable slot "<var name><suffix>".
 
@@ -66,6 +102,8 @@ def _slot(var, suffix, dtype=tf.float32, shape=None):
   updates the slot is stored split over the data-parallel mesh dimensions
   even where `shape` is not (a factored slot without the variable's shard
   dimension); the value is then a renamed read that `mtf.assign` accepts.
+  The slot of a layer-stacked variable is layer-stacked along the same
+  first dimension, with members "<member><suffix>".
   """
   shape = var.shape if shape is None else shape
   name = var.name + suffix
@@ -73,7 +111,15 @@ def _slot(var, suffix, dtype=tf.float32, shape=None):
   sharding = data_parallel_sharding.sharding_of(var.mesh)
   if sharding is not None and sharding.shard_weight_update:
     storage_shape = sharding.plan_variable(name, shape)
-  with _root_variable_scope():
+  members = getattr(var, "member_names", None)
+  if members is None:
+    stacking = layer_stacking.stack_layer_variables(None, None)
+  else:
+    slot_members = [m + suffix for m in members]
+    stacking = layer_stacking.stack_layer_variables(
+        storage_shape.dims[0], lambda unused_name: slot_members)
+    storage_shape = shape_lib.Shape(storage_shape.dims[1:])
+  with _root_variable_scope(), stacking:
     value = mtf.get_variable(
         var.mesh, name, storage_shape, dtype=dtype,
         initializer=tf.zeros_initializer(), trainable=False)
@@ -249,7 +295,7 @@ class AdamWeightDecayOptimizer(Optimizer):
     next_m = m * self.beta_1 + grad * (1.0 - self.beta_1)
     next_v = v * self.beta_2 + mtf.square(grad) * (1.0 - self.beta_2)
     update = next_m / (mtf.sqrt(next_v) + self.epsilon)
-    if self._do_use_weight_decay(var.name):
+    if _per_member(var, self._do_use_weight_decay, "weight decay"):
       update += mtf.to_float(var.value) * self.weight_decay_rate
     lr = _to_mtf_scalar(var.mesh, self._learning_rate_for(var))
     update_with_lr = update * lr
@@ -346,7 +392,8 @@ class AdafactorOptimizer(Optimizer):
   def _factored_dims(self, shape):
     """The two largest dimensions (largest first) if they factor, else None.
 
-    Stacked dimensions (several variables stacked into one) never factor.
+    Stacked dimensions (several variables stacked into one) never factor
+    (a layer-stacked variable passes the shape of one row).
     """
     if not self._factored:
       return None
@@ -364,13 +411,18 @@ class AdafactorOptimizer(Optimizer):
   def _scales_by_parameter(self, var):
     if not self._multiply_by_parameter_scale:
       return False
-    return not any(re.search(regex, var.name) is not None
-                   for regex in self._exclude_from_parameter_scale)
+    return _per_member(
+        var, lambda name: not any(
+            re.search(regex, name) is not None
+            for regex in self._exclude_from_parameter_scale),
+        "exclude_from_parameter_scale")
 
   def apply_grad(self, grad, var):
     mesh = var.mesh
     grad = mtf.to_float(grad)
-    factored_dims = self._factored_dims(var.shape)
+    row_stat = _row_statistic_shape(var)
+    # Factored over one row's dimensions (never the stack dimension).
+    factored_dims = self._factored_dims(var.shape - row_stat.dims)
     if factored_dims:
       d0, d1 = factored_dims
       vr_shape = var.shape - d0
@@ -387,8 +439,9 @@ class AdafactorOptimizer(Optimizer):
     learning_rate = _to_mtf_scalar(mesh, self._learning_rate_for(var))
     old_val = mtf.to_float(var.value)
     if self._scales_by_parameter(var):
-      update_scale = mtf.maximum(reduce_rms(old_val),
-                                 self._epsilon2) * learning_rate
+      update_scale = mtf.maximum(
+          reduce_rms(old_val, output_shape=row_stat),
+          self._epsilon2) * learning_rate
     else:
       update_scale = learning_rate
     grad_squared = mtf.square(grad) + self._epsilon1
@@ -409,7 +462,8 @@ class AdafactorOptimizer(Optimizer):
       x = grad * mtf.rsqrt(new_v)
     if self._clipping_threshold is not None:
       clipping_denom = mtf.maximum(
-          reduce_rms(x) / self._clipping_threshold, 1.0)
+          reduce_rms(x, output_shape=row_stat) / self._clipping_threshold,
+          1.0)
       x /= clipping_denom
     subtrahend = x * update_scale
     if self._beta1:
@@ -596,9 +650,17 @@ class _MultiLRSchedule:
     rates = self._alt_rates
     if rates is None:
       rates = self._compute_alt_rates()
-    for regex, rate in zip(self._variable_search, rates):
-      if re.search(regex, var.name) is not None:
-        return rate
+
+    def first_match(name):
+      for i, regex in enumerate(self._variable_search):
+        if re.search(regex, name) is not None:
+          return i
+      return None
+
+    index = _per_member(var, first_match, "the matching variable_search "
+                        "regex")
+    if index is not None:
+      return rates[index]
     return self._summary_learning_rate()
 
 

@@ -35,10 +35,15 @@ def _read(variable):
 
 
 class SliceVariables:
-  """One mtf variable with a TF variable per processor."""
+  """One mtf variable with a TF variable per processor.
 
-  def __init__(self, master, slices, slice_shape, slice_dtype):
+  In compat graph mode `master` is its master variable, or, for a
+  layer-stacked variable, None and `masters` one master per member (row).
+  """
+
+  def __init__(self, master, slices, slice_shape, slice_dtype, masters=None):
     self.master = master
+    self.masters = masters
     self.slices = slices
     self.slice_shape = slice_shape
     self.slice_dtype = slice_dtype
@@ -53,6 +58,10 @@ class SliceVariables:
   def assign_slice(self, pnum, value):
     return self.slices[pnum].assign(tf.cast(value, self.slice_dtype),
                                     read_value=False)
+
+  def assign_slice_row(self, pnum, index, value):
+    """Sets row `index` (first dimension) of processor pnum's slice."""
+    return self.slices[pnum][index].assign(tf.cast(value, self.slice_dtype))
 
 
 class VariableStack:
@@ -180,6 +189,11 @@ class LaidOutVariable(mesh_impl_lib.LaidOutVariable):
   def master(self):
     return self._entry.master
 
+  @property
+  def masters(self):
+    """Compat graph mode, layer-stacked: one master per member, else None."""
+    return getattr(self._entry, "masters", None)
+
   def _stack_is_shared_read(self):
     group = self._stack_group
     return (isinstance(self._entry, StackMember) and group is not None and
@@ -242,12 +256,18 @@ class LaidOutVariable(mesh_impl_lib.LaidOutVariable):
   def copy_master_to_slices(self):
     """Compat graph mode: fills the slices from the master (else a no-op)."""
     master = self._entry.master
-    if master is None or self._entry.slices[0] is master:
+    masters = self.masters
+    if masters:
+      with tf.device(masters[0].device):
+        full = tf.stack([m.value() for m in masters])
+    elif master is None or self._entry.slices[0] is master:
       return _group([])
-    if isinstance(self._entry, StackMember):
+    elif isinstance(self._entry, StackMember):
       return self._entry.stack.copy_masters_to_slices(
           self._mesh_impl, self._variable.shape)
-    pieces = self._mesh_impl.make_slices(master.value(), self._variable.shape)
+    else:
+      full = master.value()
+    pieces = self._mesh_impl.make_slices(full, self._variable.shape)
     ops = []
     for pnum, (device, piece) in enumerate(zip(self._mesh_impl.devices,
                                                pieces)):
@@ -256,18 +276,25 @@ class LaidOutVariable(mesh_impl_lib.LaidOutVariable):
     return _group(ops)
 
   def copy_slices_to_master(self):
-    """Compat graph mode: writes the assembled slices to the master."""
+    """Compat graph mode: writes the assembled slices to the master (the
+    rows of a layer-stacked variable to their members' masters)."""
     master = self._entry.master
-    if master is None or self._entry.slices[0] is master:
+    masters = self.masters
+    if not masters and (master is None or self._entry.slices[0] is master):
       return _group([])
     slices = []
     for pnum, device in enumerate(self._mesh_impl.devices):
       with tf.device(device):
         slices.append(self._entry.slice_value(pnum))
-    with tf.device(master.device):
+    device = masters[0].device if masters else master.device
+    with tf.device(device):
       full = self._mesh_impl.combine_slices(slices, self._variable.shape,
-                                            device=master.device)
-      return master.assign(tf.cast(full, master.dtype), read_value=False)
+                                            device=device)
+      if not masters:
+        return master.assign(tf.cast(full, master.dtype), read_value=False)
+      rows = tf.unstack(full, num=len(masters))
+      return tf.group(*[m.assign(tf.cast(r, m.dtype), read_value=False)
+                        for m, r in zip(masters, rows)])
 
 
 def assign_to_variables(laid_out_variables, laid_out_values, assign_fn):
@@ -307,10 +334,22 @@ def assign_to_variables(laid_out_variables, laid_out_values, assign_fn):
   return _group(ops)
 
 
-def checkpoint_node(variable, mesh_impl, entry):
+def checkpoint_node(variable, mesh_impl, entry, row=None):
   return checkpointing.SlicedVariableNode(
       mesh_impl, variable.shape, variable.master_dtype, entry,
-      mesh_impl.devices)
+      mesh_impl.devices, row=row)
+
+
+def track(variable, mesh_impl, entry):
+  """Tracks `variable`'s storage for checkpoints: under its name, or, if it
+  is layer-stacked, each row under its member's name."""
+  store = mesh_impl.variable_store
+  members = variable.member_names
+  if members is None:
+    store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
+    return
+  for row, name in enumerate(members):
+    store.track(name, checkpoint_node(variable, mesh_impl, entry, row=row))
 
 
 def _eager_slices(variable, mesh_impl):
@@ -353,7 +392,7 @@ def create_eager_slices(variable, mesh_impl):
     entry = SliceVariables(None, slices, mesh_impl.slice_shape(variable.shape),
                            variable.slice_dtype)
     store.put(variable.name, entry)
-    store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
+    track(variable, mesh_impl, entry)
   return entry
 
 
@@ -376,6 +415,9 @@ def _create_single(variable, mesh_impl):
     if variable_store_lib.outer_context_is_eager():
       create_eager_slices(variable, mesh_impl)
       return
+    if variable.member_names is not None:
+      _create_layer_stacked(variable, mesh_impl)
+      return
     master = _create_master(variable)
     slice_is_master = (
         mesh_impl.size == 1 and
@@ -394,7 +436,35 @@ def _create_single(variable, mesh_impl):
               collections=[], use_resource=True))
     entry = SliceVariables(master, slices, slice_shape, variable.slice_dtype)
     store.put(variable.name, entry)
-    store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
+    track(variable, mesh_impl, entry)
+
+
+def _create_layer_stacked(variable, mesh_impl):
+  """Compat graph mode: one master per member (named as the member, holding
+  its row, so a Saver writes the per-layer names) and the slices of the
+  stacked value."""
+  store = mesh_impl.variable_store
+  masters = []
+  for row, name in enumerate(variable.member_names):
+    with tf.compat.v1.device(variable.mesh.variable_placer_fn):
+      masters.append(tf.compat.v1.Variable(
+          lambda row=row: variable_store_lib.initial_row_value(variable, row),
+          name=name, trainable=variable.trainable,
+          dtype=variable.master_dtype, use_resource=True))
+  with tf.device("/cpu:0"):
+    full = tf.stack([m.initial_value for m in masters])
+    pieces = mesh_impl.make_slices(full, variable.shape)
+  slices = []
+  for pnum, device in enumerate(mesh_impl.devices):
+    with tf.device(device):
+      slices.append(tf.compat.v1.Variable(
+          tf.cast(pieces[pnum], variable.slice_dtype),
+          name=f"{variable.name}_slice_{pnum}", trainable=False,
+          collections=[], use_resource=True))
+  entry = SliceVariables(None, slices, mesh_impl.slice_shape(variable.shape),
+                         variable.slice_dtype, masters=masters)
+  store.put(variable.name, entry)
+  track(variable, mesh_impl, entry)
 
 
 def _create_stack(variables, mesh_impl):
@@ -431,7 +501,7 @@ def _create_stack(variables, mesh_impl):
     for index, (variable, master) in enumerate(zip(variables, masters)):
       entry = StackMember(stack, index, master, slice_shape, dtype)
       store.put(variable.name, entry)
-      store.track(variable.name, checkpoint_node(variable, mesh_impl, entry))
+      track(variable, mesh_impl, entry)
 
 
 def _group(ops):

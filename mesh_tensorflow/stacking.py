@@ -49,8 +49,11 @@ def plan(graph, mesh_to_impl,
     max_combined_slice_size: at most this many elements per stacked slice;
       None picks 2**16, or 2**27 when the graph has >= 2**16 slices.
   """
+  # Layer-stacked variables are stacked already, and their checkpoint
+  # entries are their rows: autostack leaves them alone.
   variables = [v for v in graph.all_variables
                if v.has_own_storage and
+               getattr(v, "member_names", None) is None and
                mesh_to_impl[v.mesh].supports_autostack]
   if not variables:
     return {}

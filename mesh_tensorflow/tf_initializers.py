@@ -68,11 +68,29 @@ _DRAWS = {
 }
 
 
+# seed -> the full name it was computed from (see seed_of_name).
+_SEED_NAMES = {}
+
+
+def seed_of_name(full_name):
+  """The seed of full (scoped) name `full_name`, remembered so that a
+  layer-stacked variable can re-seed an initializer per member (see
+  mtf.layer_stacking)."""
+  seed = zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
+  _SEED_NAMES[seed] = full_name
+  return seed
+
+
+def seed_name(seed):
+  """The full name `seed` was computed from by seed_of_name, or None."""
+  return _SEED_NAMES.get(seed)
+
+
 def name_seed(name):
   """A seed from the full name variable `name` gets in the current scope."""
   scope = tf.compat.v1.get_variable_scope().name
   full_name = f"{scope}/{name}" if scope else name
-  return zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
+  return seed_of_name(full_name)
 
 
 def seeded(tf1_name, seed, stream=0, **kwargs):
@@ -90,7 +108,8 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
 
   Returns:
     an initializer fn(shape, dtype) giving the full initial value (drawn in
-    float32, then cast to dtype).
+    float32, then cast to dtype). TF's own carry `seed` and
+    `with_seed(seed)` (the same initializer with another seed).
   """
   if tf1_name not in _DRAWS:
     raise ValueError(f"No seeded form of tf.compat.v1.{tf1_name}; use one of "
@@ -105,4 +124,7 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
     values = draw(config, [int(s) for s in shape], [seed, stream])
     return tf.cast(values, tf.as_dtype(dtype or tf.float32))
 
+  initializer.seed = seed
+  initializer.with_seed = lambda new_seed: seeded(tf1_name, new_seed, stream,
+                                                  **kwargs)
   return initializer

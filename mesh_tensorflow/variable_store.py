@@ -20,7 +20,6 @@ the same keys in both modes (graph mode: in a Session).
 
 import contextlib
 import weakref
-import zlib
 
 import tensorflow as tf
 from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
@@ -131,6 +130,8 @@ class VariableStore:
         slices = stack.slices if stack is not None else getattr(
             entry, "slices", [])
         candidates = list(slices) + [getattr(entry, "master", None)]
+        # A layer-stacked variable's masters, one per member.
+        candidates += list(getattr(entry, "masters", None) or [])
       for variable in candidates:
         if variable is not None:
           found[id(variable)] = variable
@@ -166,7 +167,7 @@ def default_initializer(name):
   of the layout and of how many times the program is traced, so every
   layout trains identically.
   """
-  seed = zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
+  seed = tf_initializers.seed_of_name(name)
   return tf_initializers.seeded("glorot_uniform_initializer", seed)
 
 
@@ -195,3 +196,14 @@ def initial_value(variable):
           f"{got}, but the variable has shape "
           f"{variable.shape}.")
   return value
+
+
+def initial_row_value(variable, row):
+  """Row `row` (of the leading stack dimension) of the initial value of a
+  layer-stacked `variable`, in its master dtype: its member's own initial
+  value (a compat-mode master holds just that row)."""
+  init = variable.initializer
+  if hasattr(init, "row"):
+    return init.row(row, variable.shape.to_integer_list[1:],
+                    variable.master_dtype)
+  return initial_value(variable)[row]

@@ -10,6 +10,8 @@ module's name:
 - `layer_stack`: `TransformerLayer`, `Context`, `LayerStack`,
   `ReversibleLayerStack`, `make_layer_stack` and the decoding modes
   `FIRST_PART` and `INCREMENTAL`;
+- `pipelined_layer_stack`: `PipelinedLayerStack`, a LayerStack run as
+  pipelined stages (not in the original);
 - `sublayers`: the `sublayer_*` functions a LayerStack wraps layers in;
 - `model_helpers`: embeddings, ensemble reductions and input helpers;
 - `unitransformer` and `bitransformer`: the models and their constructors.
@@ -26,6 +28,7 @@ from mesh_tensorflow.transformer.layer_stack import LayerStack
 from mesh_tensorflow.transformer.layer_stack import ReversibleLayerStack
 from mesh_tensorflow.transformer.layer_stack import TransformerLayer
 from mesh_tensorflow.transformer.layer_stack import make_layer_stack
+from mesh_tensorflow.transformer.pipelined_layer_stack import PipelinedLayerStack
 from mesh_tensorflow.transformer.sublayers import sublayer_annealed_dropout
 from mesh_tensorflow.transformer.sublayers import sublayer_call_layer
 from mesh_tensorflow.transformer.sublayers import sublayer_clip_activation_gradient

@@ -556,6 +556,22 @@ class _Identity(_Rule):
     return True
 
 
+class _PassThrough(_Rule):
+  """Markers that hand every input on as the same-index output, pending
+  or not, with no TF op (a pipeline's iteration marker)."""
+
+  may_pend = True
+  passes = True
+  may_keep = True
+
+  def run(self, info, ctx):
+    return _Result([ctx.state(info, i) for i in range(len(info.outputs))],
+                   num_ops=0)
+
+  def keeps_pending(self, info, index, pending, ctx):
+    return True
+
+
 class _Depend(_Rule):
   """depend: passes input 0 on (pending or not); waits for the others
   without reducing them."""
@@ -941,6 +957,7 @@ _RULES = {
     "AddNOperation": _SameShapeLinear(),
     "StopGradient": _Identity(),
     "Depend": _Depend(),
+    "PipelineIterationOperation": _PassThrough(),
     "ReshapeOperation": _Reshape(),
     "SoftmaxOperation": _Softmax(),
     "SoftmaxGradOperation": _Softmax(),

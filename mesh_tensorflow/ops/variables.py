@@ -10,6 +10,7 @@ import tensorflow as tf
 from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import variable_store
 from mesh_tensorflow.ops import reshapes
@@ -26,6 +27,12 @@ class Variable(graph_lib.Operation):
   graph is lowered, not when the Variable is built as in the original; so
   `get_master`, `assign_to_master` and `master_device` refer to the most
   recent Lowering of this variable and raise before there is one.
+
+  With `member_names` (one name per entry of its first dimension, the stack
+  dimension) it is a layer-stacked variable: row i is the variable
+  member_names[i] in checkpoints and optimizer slots, while the whole is
+  one variable whose stack dimension layout rules may split (see
+  mtf.stack_layer_variables).
   """
 
   lower_in_name_scope = False
@@ -35,12 +42,15 @@ class Variable(graph_lib.Operation):
   has_own_storage = True
 
   def __init__(self, mesh, name, shape, dtype, initializer, trainable,
-               **kwargs):
+               member_names=None, **kwargs):
     if not isinstance(dtype, graph_lib.VariableDType):
       raise TypeError(f"Variable {name!r}: dtype must be a VariableDType.")
+    member_names = layer_stacking.check_member_names(
+        name, shape_lib.convert_to_shape(shape), member_names)
     mesh.graph.reserve_name(name)
     super().__init__([], mesh=mesh, name="Variable")
     self._name = name
+    self._member_names = member_names
     self._shape = shape_lib.convert_to_shape(shape)
     self._variable_dtype = dtype
     self._initializer = initializer
@@ -55,6 +65,12 @@ class Variable(graph_lib.Operation):
   @property
   def value(self):
     return self._outputs[0]
+
+  @property
+  def member_names(self):
+    """The per-layer variable name of each row (a list), or None if this is
+    not a layer-stacked variable."""
+    return None if self._member_names is None else list(self._member_names)
 
   @property
   def shape(self):
@@ -113,10 +129,18 @@ class Variable(graph_lib.Operation):
     _, laid_out = self._lowered(what)
     return getattr(laid_out, "master", None)
 
+  def _member_masters(self, what):
+    """Compat graph mode, layer-stacked: the masters of the rows."""
+    _, laid_out = self._lowered(what)
+    return getattr(laid_out, "masters", None)
+
   @property
   def master_device(self):
     """Where the master copy lives: the master variable's device in compat
     graph mode; otherwise the host, where get_master assembles the value."""
+    masters = self._member_masters("master_device")
+    if masters:
+      return masters[0].device
     master = self._master_variable("master_device")
     return master.device if master is not None else _HOST
 
@@ -128,6 +152,10 @@ class Variable(graph_lib.Operation):
     tf.function mode, where the slices are the variables, a tensor
     assembled from them on the host.
     """
+    masters = self._member_masters("get_master")
+    if masters:
+      with tf.device(masters[0].device):
+        return tf.stack([m.value() for m in masters])
     master = self._master_variable("get_master")
     if master is not None:
       return master
@@ -146,6 +174,11 @@ class Variable(graph_lib.Operation):
     in eager and tf.function mode it assigns every processor's slice at once
     (and returns None eagerly, the grouped op in a tf.function).
     """
+    masters = self._member_masters("assign_to_master")
+    if masters:
+      rows = tf.unstack(tf.convert_to_tensor(val), num=len(masters))
+      return tf.group(*[m.assign(tf.cast(r, m.dtype), read_value=False)
+                        for m, r in zip(masters, rows)])
     master = self._master_variable("assign_to_master")
     if master is not None:
       return master.assign(tf.cast(val, master.dtype), read_value=False)
@@ -184,6 +217,11 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
     trainable: whether it is in `graph.trainable_variables`.
     **kwargs: accepted for compatibility with `tf.get_variable` arguments.
 
+  Under `mtf.stack_layer_variables(stack_dim, member_names_fn)` the
+  variable is layer-stacked: of shape [stack_dim] + shape, named
+  "stacked_<stack_dim>/<member 0>", row i standing for (and initialised as)
+  the variable member_names_fn(full name)[i]; the stacked value is returned.
+
   Returns:
     the variable's value, an mtf Tensor in the activation dtype.
   """
@@ -193,7 +231,19 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
   shape = shape_lib.convert_to_shape(shape)
   variable_dtype = _variable_dtype(dtype, master_dtype, slice_dtype,
                                    activation_dtype)
+  member_names = None
+  if layer_stacking.current() is not None:
+    stack_dim, member_names = layer_stacking.members_of(full_name, shape)
+    initializer = layer_stacking.RowInitializer(initializer, full_name,
+                                                member_names)
+    full_name = layer_stacking.stacked_name(stack_dim, member_names)
+    shape = shape_lib.Shape([stack_dim] + shape.dims)
   existing = graph.name_to_variable.get(full_name)
+  if existing is not None and existing.member_names != member_names:
+    raise errors.ShapeError(
+        f"Variable {full_name!r} exists with members "
+        f"{existing.member_names}; it cannot be reused with members "
+        f"{member_names}.")
   if existing is not None:
     if data_parallel_sharding.base_shape(existing.shape) != (
         data_parallel_sharding.base_shape(shape)):
@@ -212,7 +262,8 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
     # it is used (see data_parallel_sharding).
     storage_shape = sharding.plan_variable(full_name, shape)
   value = Variable(mesh, full_name, storage_shape, variable_dtype,
-                   initializer, trainable, **kwargs).outputs[0]
+                   initializer, trainable, member_names=member_names,
+                   **kwargs).outputs[0]
   return reshapes.reshape(value, shape)
 
 

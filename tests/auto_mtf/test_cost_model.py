@@ -93,8 +93,27 @@ def _ops_loss(mesh):
                    [mtf.reduce_sum(p * p) for p in parts])
 
 
+def _pipe_loss(mesh):
+  """A residual MLP of 4 stages through mtf.pipeline (4 micro-batches):
+  shifts between stages, the feed and the collection over the stages."""
+  stage, batch, d, hidden = (mtf.Dimension(n, s) for n, s in
+                             (("stage", 4), ("batch", 8), ("d", 4),
+                              ("hidden", 8)))
+  x = mtf.get_variable(mesh, "x", [batch, d])
+
+  def stage_fn(xs):
+    w1 = mtf.get_variable(mesh, "w1", [stage, d, hidden])
+    w2 = mtf.get_variable(mesh, "w2", [stage, hidden, d])
+    h = mtf.relu(mtf.einsum([xs[0], w1], xs[0].shape - d + hidden))
+    return [xs[0] + mtf.einsum([h, w2], xs[0].shape)]
+
+  y = mtf.pipeline(stage_fn, x, stage, 4)
+  return mtf.reduce_sum(y * y)
+
+
 _MODELS = {
     "mlp": (_mlp_loss, _mlp_optimizers),
+    "pipe": (_pipe_loss, lambda: [("", mtf.optimize.SgdOptimizer(0.1))]),
     "lm": (_lm_loss, _lm_optimizers),
     "hand": (_hand_loss, lambda: [("", mtf.optimize.SgdOptimizer(0.1))]),
     "ops": (_ops_loss, lambda: [("", mtf.optimize.SgdOptimizer(0.1))]),
@@ -116,6 +135,9 @@ _CASES = [
     ("ops", "m:2;q:2", "c:m;n:q;blocks:q", "none", True),
     ("ops", "m:2;q:2", "b:m;o:q", "none", False),
     ("ops", "m:2;q:2", "o:m;u:q", "none", False),
+    # A pipeline: stages handed over between neighbours.
+    ("pipe", "s:4", "stage:s", "none", True),
+    ("pipe", "s:4;m:2", "stage:s;hidden:m", "none", False),
 ]
 
 
@@ -378,3 +400,16 @@ def test_predicted_step_time_adds_compute_and_collectives():
                                      for c in total.collectives)
   assert math.isclose(seconds, want, rel_tol=1e-12)
   assert breakdown["collective_seconds"]
+
+
+def test_a_pipeline_iteration_marker_costs_nothing():
+  """It hands its inputs on with no TF op: no work, no bytes, no ops."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  _pipe_loss(mesh)
+  markers = [op for op in graph.operations
+             if isinstance(op, mtf.pipelining.PipelineIterationOperation)]
+  assert len(markers) == 4 + 4 - 1
+  for op in markers:
+    assert cost_model.operation_cost(op, {"stage": "s"}, "s:4") == (
+        cost_model.OperationCost())

@@ -1,0 +1,206 @@
+"""Layer-stacked variables: the weights of S identical layers as ONE variable.
+
+A pipeline (GSPMD's formulation of GPipe) runs S identical stages at once on
+a stage dimension split over a mesh dimension, so each processor must hold
+only its stages' weights. Under
+
+    with mtf.stack_layer_variables(stage_dim, member_names_fn):
+      ...  # build one layer
+
+every `mtf.get_variable(mesh, name, shape, ...)` (full scoped name F)
+creates or reuses ONE variable of shape [stage_dim] + shape whose row i
+stands for the per-layer variable `member_names_fn(F)[i]`, and returns its
+whole (stacked) value. Its first dimension is an ordinary dimension: layout
+rules may split it ("stage:pipe"), so a processor stores 1/S of it.
+
+In every other respect the rows behave as the S separate variables:
+
+- name: the variable is called "stacked_<stage dim>/<member 0>" in the mtf
+  graph (its `member_names` list the rows); the member names are taken, so
+  no other variable may use them;
+- initial values: row i starts from what `mtf.get_variable` of name
+  member_names[i] would start from (initializers seeded by the variable's
+  scoped name are re-seeded per member, others are called per row on the
+  row's shape, so fans are the layer's);
+- checkpoints hold one entry per member name (the per-layer keys), each
+  written by the processors holding that row, in every checkpoint path;
+- optimizer slots are layer-stacked too (members "<member><suffix>"), and
+  statistics over a whole variable (Adafactor's RMS and clipping) are taken
+  per row.
+
+Autostack leaves layer-stacked variables alone (their stacking is explicit).
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from mesh_tensorflow import errors
+from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import tf_initializers
+from mesh_tensorflow import variable_store
+
+_STATE = threading.local()
+
+
+def _stack():
+  if not hasattr(_STATE, "frames"):
+    _STATE.frames = []
+  return _STATE.frames
+
+
+@contextlib.contextmanager
+def stack_layer_variables(stack_dim, member_names_fn):
+  """Makes `mtf.get_variable` create layer-stacked variables (module doc).
+
+  Args:
+    stack_dim: the stack (stage) Dimension, or None to turn stacking off
+      inside an enclosing `stack_layer_variables`.
+    member_names_fn: fn(full scoped variable name) -> list of
+      stack_dim.size distinct names, the per-layer variable of each row.
+
+  Yields:
+    nothing.
+  """
+  if stack_dim is not None:
+    stack_dim = shape_lib.convert_to_dimension(stack_dim)
+    if not callable(member_names_fn):
+      raise TypeError(
+          f"stack_layer_variables({stack_dim}): member_names_fn must be a "
+          f"function of the variable name, got {member_names_fn!r}.")
+  frames = _stack()
+  frames.append((stack_dim, member_names_fn))
+  try:
+    yield
+  finally:
+    frames.pop()
+
+
+def current():
+  """(stack Dimension, member_names_fn) of the innermost
+  `stack_layer_variables`, or None outside (or where it is turned off)."""
+  frames = _stack()
+  if not frames or frames[-1][0] is None:
+    return None
+  return frames[-1]
+
+
+def stacked_name(stack_dim, member_names):
+  """The mtf name of a layer-stacked variable: "stacked_<dim>/<member 0>"."""
+  return f"stacked_{stack_dim.name}/{member_names[0]}"
+
+
+def check_member_names(name, shape, member_names):
+  """Validates a Variable's member names; returns them as a list or None."""
+  if member_names is None:
+    return None
+  member_names = list(member_names)
+  if not shape.dims:
+    raise errors.ShapeError(
+        f"Variable {name!r}: member_names need a leading stack dimension, "
+        "but the variable is a scalar.")
+  stack_dim = shape.dims[0]
+  if len(member_names) != stack_dim.size:
+    raise errors.ShapeError(
+        f"Variable {name!r}: {len(member_names)} member names for stack "
+        f"dimension {stack_dim.name!r} of size {stack_dim.size}; give one "
+        "name per row.")
+  if not all(isinstance(m, str) and m for m in member_names):
+    raise TypeError(f"Variable {name!r}: member names must be non-empty "
+                    f"strings, got {member_names!r}.")
+  if len(set(member_names)) != len(member_names):
+    raise ValueError(f"Variable {name!r}: member names repeat: "
+                     f"{member_names!r}.")
+  return member_names
+
+
+def members_of(full_name, shape):
+  """(stack Dimension, member names) of variable `full_name` (row shape
+  `shape`) under the current `stack_layer_variables`."""
+  stack_dim, member_names_fn = current()
+  if stack_dim.name in shape.dimension_names:
+    raise errors.ShapeError(
+        f"Variable {full_name!r} {shape} already has the stack dimension "
+        f"{stack_dim.name!r}; under mtf.stack_layer_variables give the "
+        "shape of ONE layer's variable (the stack dimension is added).")
+  member_names = member_names_fn(full_name)
+  if isinstance(member_names, str):
+    raise TypeError(f"member_names_fn({full_name!r}) gave a string; it must "
+                    "give a list of names, one per row.")
+  stacked_shape = shape_lib.Shape([stack_dim] + shape.dims)
+  return stack_dim, check_member_names(full_name, stacked_shape,
+                                       member_names)
+
+
+def _renamed_origin(origin, full_name, member):
+  """The name a seed's origin would have had in member's layer, or None.
+
+  `origin` (the name a layer derived a seed from in the current scope) is
+  the variable's own name, or a name in the same scope.
+  """
+  if origin == full_name:
+    return member
+  scope = full_name.rpartition("/")[0]
+  member_scope = member.rpartition("/")[0]
+  if scope and origin.startswith(scope + "/"):
+    rest = origin[len(scope) + 1:]
+    return f"{member_scope}/{rest}" if member_scope else rest
+  return None
+
+
+def _row_initializer(initializer, full_name, member):
+  """What an ordinary get_variable of name `member` would initialise with."""
+  if initializer is None:
+    return variable_store.default_initializer(member)
+  seed = getattr(initializer, "seed", None)
+  with_seed = getattr(initializer, "with_seed", None)
+  if seed is None or with_seed is None:
+    return initializer
+  origin = tf_initializers.seed_name(seed)
+  if origin is None:
+    # Not derived from a name (an explicit seed): every layer's own
+    # variable would get that same seed.
+    return initializer
+  renamed = _renamed_origin(origin, full_name, member)
+  if renamed is None:
+    return initializer
+  return with_seed(tf_initializers.seed_of_name(renamed))
+
+
+def _call(initializer, shape, dtype):
+  if callable(initializer):
+    try:
+      value = initializer(shape, dtype=dtype)
+    except TypeError:
+      value = initializer(shape, dtype)
+  else:
+    value = initializer
+  value = tf.cast(tf.convert_to_tensor(value), dtype)
+  return tf.broadcast_to(value, shape)
+
+
+class RowInitializer:
+  """fn(shape, dtype): the stacked initial value, row i from the i-th
+  member's own initializer (see `row`).
+
+  Args:
+    initializer: the initializer get_variable was given (None: its
+      default, per member name).
+    full_name: the full scoped name get_variable was called with.
+    member_names: the member names, one per row.
+  """
+
+  def __init__(self, initializer, full_name, member_names):
+    self._rows = [_row_initializer(initializer, full_name, m)
+                  for m in member_names]
+
+  def row(self, index, row_shape, dtype):
+    """Row `index`'s initial value, of `row_shape` and `dtype`."""
+    return _call(self._rows[index], [int(s) for s in row_shape],
+                 tf.as_dtype(dtype))
+
+  def __call__(self, shape, dtype=tf.float32, **unused_kwargs):
+    shape = [int(s) for s in shape]
+    return tf.stack([self.row(i, shape[1:], dtype)
+                     for i in range(len(self._rows))])
