@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/random_programs.py
 	$(PY) benchmarks/transformer_step.py
 	$(PY) benchmarks/zero_memory.py
+	$(PY) benchmarks/pipeline.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
