@@ -9,6 +9,8 @@ checkpoint, and exports a model that serves those decodes.
 
 import os
 
+import numpy as np
+
 import pytest
 import tensorflow as tf
 
@@ -83,3 +85,22 @@ def test_export_with_the_pipelined_gin_serves_its_decodes(trained, decoded,
   served = tf.saved_model.load(export_dir).signatures["serving_default"]
   outputs = served(inputs=tf.constant(PROMPTS.split()))["outputs"]
   assert [o.decode(errors="replace") for o in outputs.numpy()] == decoded
+
+
+def _perplexity(model_dir, params):
+  # The training data (targets only, as an "lm" reads them).
+  results = _run(model_dir, *params, "utils.run.mode = 'perplexity_eval'",
+                 "utils.run.eval_dataset_fn = None",
+                 "utils.run.perplexity_eval_steps = 2")
+  metrics, = results[STEPS].values()
+  return metrics
+
+
+def test_perplexity_eval_is_the_plain_models(trained):
+  """The teacher-forced evaluation runs pipelined, as training does."""
+  metrics = _perplexity(trained, PIPELINED)
+  plain = _perplexity(trained, PLAIN)
+  assert metrics["neg_log_perplexity"] < 0
+  for key in ("neg_log_perplexity", "token_accuracy", "num_eval_tokens"):
+    np.testing.assert_allclose(metrics[key], plain[key], rtol=1e-5,
+                               err_msg=key)
