@@ -29,6 +29,16 @@ In every other respect the rows behave as the S separate variables:
   per row.
 
 Autostack leaves layer-stacked variables alone (their stacking is explicit).
+
+One row, for running the layers unpipelined (decoding a model trained
+pipelined): under `stack_layer_variables(stack_dim, member_names_fn,
+row=i)` `mtf.get_variable` creates or reuses the SAME stacked variable
+(same name, members, initial values and checkpoint entries) but returns
+row i only, the value of layer member_names[i], of the layer's own shape.
+The row is taken with `mtf.gather` along the stack dimension: a local
+slice where that dimension is not split, and where it is split over a
+mesh dimension, a masked slice summed over that mesh dimension (one
+allreduce of the layer's weights per use), which a decoder can afford.
 """
 
 import contextlib
@@ -51,7 +61,7 @@ def _stack():
 
 
 @contextlib.contextmanager
-def stack_layer_variables(stack_dim, member_names_fn):
+def stack_layer_variables(stack_dim, member_names_fn, row=None):
   """Makes `mtf.get_variable` create layer-stacked variables (module doc).
 
   Args:
@@ -59,6 +69,9 @@ def stack_layer_variables(stack_dim, member_names_fn):
       inside an enclosing `stack_layer_variables`.
     member_names_fn: fn(full scoped variable name) -> list of
       stack_dim.size distinct names, the per-layer variable of each row.
+    row: None to get the whole stacked value, or an index into stack_dim:
+      get_variable then returns that row of the stacked variable (the
+      value of one layer; see "One row" in the module doc).
 
   Yields:
     nothing.
@@ -69,8 +82,18 @@ def stack_layer_variables(stack_dim, member_names_fn):
       raise TypeError(
           f"stack_layer_variables({stack_dim}): member_names_fn must be a "
           f"function of the variable name, got {member_names_fn!r}.")
+    if row is not None and (isinstance(row, bool) or
+                            not isinstance(row, int) or
+                            not 0 <= row < stack_dim.size):
+      raise ValueError(
+          f"stack_layer_variables({stack_dim}): row={row!r} is not a row "
+          f"of dimension {stack_dim.name!r}; give an int in "
+          f"[0, {stack_dim.size}) or None for the whole stack.")
+  elif row is not None:
+    raise ValueError(f"stack_layer_variables(None): row={row!r} needs a "
+                     "stack dimension.")
   frames = _stack()
-  frames.append((stack_dim, member_names_fn))
+  frames.append((stack_dim, member_names_fn, row))
   try:
     yield
   finally:
@@ -83,7 +106,16 @@ def current():
   frames = _stack()
   if not frames or frames[-1][0] is None:
     return None
-  return frames[-1]
+  return frames[-1][:2]
+
+
+def current_row():
+  """The row of the innermost `stack_layer_variables` (see its `row`), or
+  None: the whole stack, or no stacking."""
+  frames = _stack()
+  if not frames or frames[-1][0] is None:
+    return None
+  return frames[-1][2]
 
 
 def stacked_name(stack_dim, member_names):

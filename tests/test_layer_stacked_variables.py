@@ -329,3 +329,69 @@ def test_each_row_is_written_in_blocks_by_its_holders():
   # Rows 2-3 live on p = 1: processors 4-7 (p is the first mesh dimension).
   assert sorted(p for pnums in blocks.values() for p in pnums) == [4, 5, 6, 7]
   assert kernel.read_block(4).shape.as_list() == [8, 8]
+
+
+def _rows(mesh, first_row_only=False):
+  """Every layer's variables, one row at a time (row=i), as a list of
+  dicts; with `first_row_only`, layer 1's row is asked for first, so the
+  stacked variables are created under row=1."""
+  order = [1, 0, 2, 3] if first_row_only else range(models.LAYERS)
+  rows = {}
+  for i in order:
+    with mtf.stack_layer_variables(models.STAGE, models.members, row=i):
+      with tf.compat.v1.variable_scope("block_000"):
+        rows[i] = models.layer_variables(mesh)
+  return [rows[i] for i in range(models.LAYERS)]
+
+
+@pytest.mark.parametrize("mode,mesh", [
+    ("eager", UNSPLIT), ("eager", STAGE_4), ("function", STAGE_2_2D),
+    ("graph", STAGE_4), ("simd", STAGE_4)])
+def test_a_row_is_its_layers_variable_from_the_same_stacked_one(mode, mesh):
+  """Under row=i get_variable returns layer i's variable (of the layer's
+  shape) read from the stacked variable, which it creates or reuses: the
+  graph holds the stacked variables only, their members as without row."""
+  impl = mtf_testing.make_impl(mode, *mesh)
+  graphs = []
+
+  def build_and_lower():
+    graph = mtf.Graph()
+    graphs.append(graph)
+    mesh_ = mtf.Mesh(graph, "mesh")
+    rows = _rows(mesh_, first_row_only=True)
+    stacked = models.layers(mesh_, True)
+    lowering = mtf.Lowering(graph, {mesh_: impl})
+    return lowering, {
+        f"{kind}/{i}": [lowering.export_to_tf_tensor(layer[kind])
+                        for layer in (rows[i], stacked[i])]
+        for i in range(models.LAYERS) for kind in rows[i]}
+
+  values = mtf_testing.run_in_mode(mode, build_and_lower, impl)
+  graph = graphs[-1]
+  assert len(graph.all_variables) == len(models.VARIABLES)
+  assert all(v.member_names is not None for v in graph.all_variables)
+  for name, (row, expected) in values.items():
+    np.testing.assert_array_equal(row, expected, err_msg=name)
+
+
+def test_row_values_equal_the_per_layer_model():
+  """The rows start as the per-layer variables do (same names, same
+  values), and a stage-split row is the full layer's value."""
+  def build(mesh_shape, layout, use_rows):
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    layers = _rows(mesh) if use_rows else models.layers(mesh, False)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return {f"block_{i:03d}/{k}": lowering.export_to_tf_tensor(v).numpy()
+            for i, layer in enumerate(layers) for k, v in layer.items()}
+
+  expected = build(*UNSPLIT, False)
+  _assert_same(build(*STAGE_4, True), expected)
+  _assert_same(build(*STAGE_2_2D, True), expected)
+
+
+def test_a_row_outside_the_stack_is_named():
+  with pytest.raises(ValueError, match=r"row=4 .*'stage'.*\[0, 4\)"):
+    with mtf.stack_layer_variables(models.STAGE, models.members, row=4):
+      pass

@@ -11,8 +11,9 @@ formulation of GPipe). Split "stage" over a mesh dimension of size S
 its stage only, 1/S of the stack.
 
 Checkpoints keep each layer's own variable names (decoder/block_003/...):
-a pipelined run restores into an unpipelined one and the reverse, so a
-model trained pipelined decodes with a plain LayerStack. Gin:
+a pipelined run restores into an unpipelined one and the reverse. The
+same stack (same gin, same variables) also decodes: in the decoding modes
+its layers run one after another, unpipelined (see the class). Gin:
 
   make_layer_stack.layer_stack_cls = @transformer.PipelinedLayerStack
   PipelinedLayerStack.num_stages = 4
@@ -32,6 +33,9 @@ _MODULE = layer_stack_lib._MODULE  # pylint: disable=protected-access
 
 STAGE_DIM_NAME = "stage"
 
+# Modes that carry decoding states from call to call: run unpipelined.
+_DECODING_MODES = (layer_stack_lib.FIRST_PART, layer_stack_lib.INCREMENTAL)
+
 # Context attributes that may hold per-example tensors: they travel
 # through the pipeline with the activations when they have the batch
 # dimension, so each stage sees those of the micro-batch it works on.
@@ -45,11 +49,15 @@ _PER_EXAMPLE_ATTRIBUTES = ("sequence_id", "subsequence_id", "position",
 class PipelinedLayerStack(layer_stack_lib.LayerStack):
   """A LayerStack whose layers run as `num_stages` pipelined stages.
 
-  Training and evaluation run through `mtf.pipeline` with
-  `num_microbatches` micro-batches; with `recompute_grads` each stage's
-  activations are recomputed in the backward pass (GPipe). Incremental
-  decoding is not pipelined: decode with a LayerStack of the same layers,
-  which restores the same checkpoint.
+  Training, evaluation and scoring ("train", "eval", "infer", "score")
+  run through `mtf.pipeline` with `num_microbatches` micro-batches; with
+  `recompute_grads` each stage's activations are recomputed in the
+  backward pass (GPipe). Decoding ("first_part", "incremental") is not
+  pipelined: the layers run one after another on the whole batch, as in
+  a LayerStack, layer s * L/S + j reading row s of its layer-stacked
+  variables (`mtf.stack_layer_variables(..., row=s)`), so decoding
+  states, `context.layer_outputs` and `context.layer_index` are a
+  LayerStack's, and the variables (and checkpoints) are the same.
   """
 
   def __init__(self,
@@ -112,12 +120,8 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
 
   def call(self, context, x):
     """Runs the initial sublayers, the pipelined stages, the final ones."""
-    if context.mode in (layer_stack_lib.FIRST_PART,
-                        layer_stack_lib.INCREMENTAL):
-      raise ValueError(
-          "PipelinedLayerStack does not decode incrementally; decode with a "
-          "LayerStack of the same layers (make_layer_stack.layer_stack_cls = "
-          "@transformer.LayerStack), which restores the same checkpoint.")
+    if context.mode in _DECODING_MODES:
+      return self._call_layer_by_layer(context, x)
     x = self._call_sublayers(self._sublayers_initial, x, context)
     layer_stack_lib._append_layer_output(context, x)  # pylint: disable=protected-access
     batch_dim = _batch_dim(context)
@@ -131,12 +135,17 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
       y = xs[0]
       for j in range(self._per_stage):
         y = self._stage_layer(stage_context, y, j)
-      if (context.losses is not None and
-          len(context.losses) != num_losses):
-        raise ValueError(
-            "PipelinedLayerStack: a layer added an auxiliary loss (e.g. a "
-            "mixture of experts); auxiliary losses are not pipelined yet. "
-            "Use a LayerStack for this model.")
+        if (context.losses is not None and
+            len(context.losses) != num_losses):
+          layer = self._layers[j]
+          raise ValueError(
+              f"PipelinedLayerStack: layer {layer.name} "
+              f"({type(layer).__name__}) added an auxiliary loss (e.g. a "
+              "mixture of experts) inside a pipelined stage; auxiliary "
+              "losses are not pipelined. Run this model with a LayerStack "
+              "(make_layer_stack.layer_stack_cls = @transformer.LayerStack),"
+              " which restores the same checkpoint, or drop the layer's "
+              "loss.")
       return [y] + list(xs[1:])
 
     outputs = mtf.pipeline(
@@ -148,6 +157,37 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
     x = layer_stack_lib.sublayer_mask_padding(x, self, context)
     layer_stack_lib._append_layer_output(context, x)  # pylint: disable=protected-access
     return x
+
+  def _call_layer_by_layer(self, context, x):
+    """The decoding modes: every layer in turn on the whole batch, as
+    LayerStack.call does, layer s * L/S + j on row s of the weights."""
+    x = self._call_sublayers(self._sublayers_initial, x, context)
+    layer_stack_lib._append_layer_output(context, x)  # pylint: disable=protected-access
+    for lnum, layer in enumerate(self._layers):
+      stage, j = divmod(lnum, self._per_stage)
+      with layer_stack_lib._layer_scope(layer):  # pylint: disable=protected-access
+        with mtf.stack_layer_variables(
+            self.stage_dim, self._member_names_fn(layer.name, j), row=stage):
+          # No recompute: decoding takes no gradients.
+          x = self._layer_fn(x, layer, context)
+      if lnum != len(self._layers) - 1:
+        layer_stack_lib._append_layer_output(context, x)  # pylint: disable=protected-access
+      context.layer_index += 1
+    x = self._call_sublayers(self._sublayers_final, x, context)
+    x = layer_stack_lib.sublayer_mask_padding(x, self, context)
+    layer_stack_lib._append_layer_output(context, x)  # pylint: disable=protected-access
+    return x
+
+  def _member_names_fn(self, scope, j):
+    """fn(full variable name under layer scope `scope`) -> the per-layer
+    names of its rows: layer j of every stage."""
+    names = [self._layers[s * self._per_stage + j].name
+             for s in range(self.num_stages)]
+
+    def member_names(full_name):
+      return [_rename_scope(full_name, scope, n) for n in names]
+
+    return member_names
 
   def _stage_context(self, context, carried, xs, batch_dim):
     """A copy of `context` for one call of the stages: batch dims
@@ -166,15 +206,10 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
   def _stage_layer(self, context, x, j):
     """Layer j of every stage at once, its variables stacked by stage."""
     layer = self._layers[j]
-    names = [self._layers[s * self._per_stage + j].name
-             for s in range(self.num_stages)]
-
-    def member_names(full_name):
-      return [_rename_scope(full_name, layer.name, n) for n in names]
-
     context.layer_index = j
     with layer_stack_lib._layer_scope(layer):  # pylint: disable=protected-access
-      with mtf.stack_layer_variables(self.stage_dim, member_names):
+      with mtf.stack_layer_variables(self.stage_dim,
+                                     self._member_names_fn(layer.name, j)):
         return self._layer_fn(x, layer, context)
 
 

@@ -13,6 +13,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import variable_store
+from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import reshapes
 
 
@@ -220,7 +221,8 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
   Under `mtf.stack_layer_variables(stack_dim, member_names_fn)` the
   variable is layer-stacked: of shape [stack_dim] + shape, named
   "stacked_<stack_dim>/<member 0>", row i standing for (and initialised as)
-  the variable member_names_fn(full name)[i]; the stacked value is returned.
+  the variable member_names_fn(full name)[i]; the stacked value is returned,
+  or with its `row=i` row i alone (of `shape`).
 
   Returns:
     the variable's value, an mtf Tensor in the activation dtype.
@@ -232,6 +234,7 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
   variable_dtype = _variable_dtype(dtype, master_dtype, slice_dtype,
                                    activation_dtype)
   member_names = None
+  row = layer_stacking.current_row()
   if layer_stacking.current() is not None:
     stack_dim, member_names = layer_stacking.members_of(full_name, shape)
     initializer = layer_stacking.RowInitializer(initializer, full_name,
@@ -250,7 +253,7 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
       raise errors.ShapeError(
           f"Variable {full_name!r} exists with shape {existing.shape}; it "
           f"cannot be reused with shape {shape}.")
-    return reshapes.reshape(existing.outputs[0], shape)
+    return _row(reshapes.reshape(existing.outputs[0], shape), row)
   if initializer is None:
     # Chosen now, as the original did: a program that replaces TF's
     # initializer while it builds its graph gets its replacement.
@@ -264,7 +267,14 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
   value = Variable(mesh, full_name, storage_shape, variable_dtype,
                    initializer, trainable, member_names=member_names,
                    **kwargs).outputs[0]
-  return reshapes.reshape(value, shape)
+  return _row(reshapes.reshape(value, shape), row)
+
+
+def _row(value, row):
+  """Row `row` of a stacked variable's value (all of it if row is None)."""
+  if row is None:
+    return value
+  return indexing.gather(value, row, value.shape.dims[0])
 
 
 class ReadVariable(graph_lib.Operation):
