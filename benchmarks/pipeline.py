@@ -1,7 +1,7 @@
 """Benchmark: pipeline parallelism (mtf.pipeline, PipelinedLayerStack).
 
 A decoder-only Transformer LM (--blocks blocks of a self-attention and a
-feed-forward layer, d_model 128, d_ff 512, 4 heads of 32, byte vocabulary,
+feed-forward layer, d_model 128, d_ff 512 (--d_model, --d_ff), 4 heads of 32, byte vocabulary,
 batch 64 x length 64, Adafactor, dropout off) trains on 8 logical CPUs,
 PlacementMeshImpl, unpipelined and pipelined:
 
@@ -74,6 +74,8 @@ def parse_args(argv):
   p.add_argument("--blocks", type=int, default=8,
                  help="blocks of self-attention and feed-forward (stage "
                  "counts divide it)")
+  p.add_argument("--d_model", type=int, default=D_MODEL)
+  p.add_argument("--d_ff", type=int, default=D_FF)
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--length", type=int, default=64)
   return p.parse_args(argv)
@@ -106,14 +108,14 @@ def make_model(args, stages, micro, recompute):
   stack = transformer.make_layer_stack(
       [[transformer_layers.SelfAttention,
         {"num_heads": HEADS, "key_value_size": D_KV}],
-       [transformer_layers.DenseReluDense, {"hidden_size": D_FF}]],
+       [transformer_layers.DenseReluDense, {"hidden_size": args.d_ff}]],
       num_layers=args.blocks)
   if stages > 1:
     stack = transformer.PipelinedLayerStack(
         stack.layers, num_stages=stages, num_microbatches=micro,
         recompute_grads=recompute)
   return transformer.Unitransformer(
-      stack, d_model=D_MODEL, input_vocab_size=VOCAB,
+      stack, d_model=args.d_model, input_vocab_size=VOCAB,
       output_vocab_size=VOCAB, autoregressive=True, max_length=args.length,
       name="decoder")
 
@@ -232,7 +234,8 @@ def main(argv):
   for name in names:
     ms = medians[name]
     record = {"benchmark": "pipeline", "case": name, **figures[name],
-              "blocks": args.blocks, "batch": args.batch,
+              "blocks": args.blocks, "d_model": args.d_model,
+              "d_ff": args.d_ff, "batch": args.batch,
               "length": args.length, "steps": args.steps,
               "median_step_ms": bench_util.rounded(ms, 1),
               "tokens_per_second": bench_util.rounded(
