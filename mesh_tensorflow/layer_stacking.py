@@ -201,14 +201,7 @@ def _row_initializer(initializer, full_name, member):
 
 
 def _call(initializer, shape, dtype):
-  if callable(initializer):
-    try:
-      value = initializer(shape, dtype=dtype)
-    except TypeError:
-      value = initializer(shape, dtype)
-  else:
-    value = initializer
-  value = tf.cast(tf.convert_to_tensor(value), dtype)
+  value = variable_store.call_initializer(initializer, shape, dtype)
   return tf.broadcast_to(value, shape)
 
 

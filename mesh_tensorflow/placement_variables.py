@@ -426,17 +426,24 @@ def _create_single(variable, mesh_impl):
     if slice_is_master:
       slices = [master]
     else:
-      pieces = _master_pieces(master, variable, mesh_impl)
-      slices = []
-      for pnum, device in enumerate(mesh_impl.devices):
-        with tf.device(device):
-          slices.append(tf.compat.v1.Variable(
-              tf.cast(pieces[pnum], variable.slice_dtype),
-              name=f"{variable.name}_slice_{pnum}", trainable=False,
-              collections=[], use_resource=True))
+      slices = _slice_variables(
+          variable, mesh_impl, _master_pieces(master, variable, mesh_impl))
     entry = SliceVariables(master, slices, slice_shape, variable.slice_dtype)
     store.put(variable.name, entry)
     track(variable, mesh_impl, entry)
+
+
+def _slice_variables(variable, mesh_impl, pieces):
+  """Compat graph mode: one slice variable per processor, on its device,
+  initialised from its piece of the initial value."""
+  slices = []
+  for pnum, device in enumerate(mesh_impl.devices):
+    with tf.device(device):
+      slices.append(tf.compat.v1.Variable(
+          tf.cast(pieces[pnum], variable.slice_dtype),
+          name=f"{variable.name}_slice_{pnum}", trainable=False,
+          collections=[], use_resource=True))
+  return slices
 
 
 def _create_layer_stacked(variable, mesh_impl):
@@ -454,13 +461,7 @@ def _create_layer_stacked(variable, mesh_impl):
   with tf.device("/cpu:0"):
     full = tf.stack([m.initial_value for m in masters])
     pieces = mesh_impl.make_slices(full, variable.shape)
-  slices = []
-  for pnum, device in enumerate(mesh_impl.devices):
-    with tf.device(device):
-      slices.append(tf.compat.v1.Variable(
-          tf.cast(pieces[pnum], variable.slice_dtype),
-          name=f"{variable.name}_slice_{pnum}", trainable=False,
-          collections=[], use_resource=True))
+  slices = _slice_variables(variable, mesh_impl, pieces)
   entry = SliceVariables(None, slices, mesh_impl.slice_shape(variable.shape),
                          variable.slice_dtype, masters=masters)
   store.put(variable.name, entry)

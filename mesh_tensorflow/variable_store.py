@@ -171,13 +171,9 @@ def default_initializer(name):
   return tf_initializers.seeded("glorot_uniform_initializer", seed)
 
 
-def initial_value(variable):
-  """The full initial value of mtf `variable`, in its master dtype."""
-  shape = variable.shape.to_integer_list
-  dtype = variable.master_dtype
-  init = variable.initializer
-  if init is None:
-    init = default_initializer(variable.name)
+def call_initializer(init, shape, dtype):
+  """`init(shape, dtype)` (TF and Keras signatures alike), or `init` itself
+  if it is a value, as a `dtype` tensor."""
   if callable(init):
     try:
       value = init(shape, dtype=dtype)
@@ -185,7 +181,17 @@ def initial_value(variable):
       value = init(shape, dtype)
   else:
     value = init
-  value = tf.cast(tf.convert_to_tensor(value), dtype)
+  return tf.cast(tf.convert_to_tensor(value), dtype)
+
+
+def initial_value(variable):
+  """The full initial value of mtf `variable`, in its master dtype."""
+  shape = variable.shape.to_integer_list
+  dtype = variable.master_dtype
+  init = variable.initializer
+  if init is None:
+    init = default_initializer(variable.name)
+  value = call_initializer(init, shape, dtype)
   got = slice_utils.static_shape(value)
   if got != shape:
     if not got:
