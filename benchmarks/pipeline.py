@@ -22,6 +22,9 @@ One JSON line per case, all from one run:
   vs_unpipelined          the median over rounds of the best unpipelined
                           case's step time over this case's (goal with
                           M = 4S: >= 0.8)
+  cpu_vs_unpipelined      the median over rounds of this case's CPU time
+                          (all threads) over the best unpipelined case's:
+                          more work, or more waiting
   bubble_counted          1 - busy/total stage slots of the lowered
                           program's iterations (the lowering's
                           pipeline/* counters)
@@ -245,6 +248,11 @@ def main(argv):
     if best is not None:
       record["vs_unpipelined"] = bench_util.rounded(bench_util.paired_ratio(
           timed[best]["times_ms"], timed[name]["times_ms"]))
+      # Whether the difference is work (CPU seconds of all threads) or
+      # waiting (the cores idle part of the step).
+      record["cpu_vs_unpipelined"] = bench_util.rounded(
+          bench_util.paired_ratio(timed[name]["cpu_ms"],
+                                  timed[best]["cpu_ms"]))
     if reference is not None:
       record["max_loss_difference"] = bench_util.rounded(
           abs(figures[name]["first_loss"] - reference), 6)
