@@ -34,6 +34,22 @@ def make_lm(name="decoder", num_layers=1, **kwargs):
       autoregressive=True, vocab_divisor=VOCAB_DIVISOR, name=name, **kwargs)
 
 
+def block_layers(num_layers):
+  """The layers of `num_layers` blocks of self-attention and a
+  feed-forward layer (named block_<b>/layer_<n>)."""
+  return transformer.make_layer_stack(
+      [tiny_layers.TinySelfAttention, tiny_layers.TinyDenseRelu],
+      num_layers=num_layers).layers
+
+
+def lm_on_stack(stack, name="decoder"):
+  """A causal language model of these sizes on a given layer stack."""
+  return transformer.Unitransformer(
+      stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
+      autoregressive=True, max_length=L, vocab_divisor=VOCAB_DIVISOR,
+      name=name)
+
+
 def make_bitransformer(num_layers=1):
   """An encoder and a decoder of `num_layers` blocks sharing their
   embeddings."""
@@ -148,11 +164,7 @@ def assert_lm_on_stack_trains(stack, steps=6, drop=0.3):
   """A causal LM on `stack` lowers its loss by `drop` in `steps` Adam
   steps on one processor."""
   def make_loss(mesh):
-    model = transformer.Unitransformer(
-        stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
-        autoregressive=True, max_length=L, vocab_divisor=VOCAB_DIVISOR,
-        name="decoder")
-    return lm_loss(model, mesh)
+    return lm_loss(lm_on_stack(stack), mesh)
 
   losses = train_losses(
       make_loss, "all:1", "", "function", steps,

@@ -25,16 +25,11 @@ BEAM = mtf.Dimension("beam", 2)
 
 
 def _layers():
-  return transformer.make_layer_stack(
-      [tiny_layers.TinySelfAttention, tiny_layers.TinyDenseRelu],
-      num_layers=NUM_LAYERS).layers
+  return mt.block_layers(NUM_LAYERS)
 
 
 def _lm(stack):
-  return transformer.Unitransformer(
-      stack, d_model=mt.D, input_vocab_size=mt.V, output_vocab_size=mt.V,
-      autoregressive=True, max_length=mt.L, vocab_divisor=mt.VOCAB_DIVISOR,
-      name="decoder")
+  return mt.lm_on_stack(stack)
 
 
 def _pipelined_stack(num_stages=4):

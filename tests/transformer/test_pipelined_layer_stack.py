@@ -40,17 +40,11 @@ CASES = (
 
 
 def _layers():
-  return transformer.make_layer_stack(
-      [tiny_layers.TinySelfAttention, tiny_layers.TinyDenseRelu],
-      num_layers=NUM_LAYERS).layers
+  return model_testing.block_layers(NUM_LAYERS)
 
 
 def _lm(stack):
-  return transformer.Unitransformer(
-      stack, d_model=model_testing.D, input_vocab_size=model_testing.V,
-      output_vocab_size=model_testing.V, autoregressive=True,
-      max_length=model_testing.L, vocab_divisor=model_testing.VOCAB_DIVISOR,
-      name="decoder")
+  return model_testing.lm_on_stack(stack)
 
 
 def _losses(stack, mesh_shape, layout, mode):
