@@ -3,7 +3,9 @@
 The tiny LM of 4 layers (dropout off) trains 3 steps through the binary
 unpipelined, then as a PipelinedLayerStack of 4 stages on mesh stage:4
 and of 2 stages on stage:2;batch:2;model:2: every step's loss agrees, and
-the checkpoints hold the same variable names (the per-layer ones).
+the checkpoints hold the same variable names (the per-layer ones). The
+runs are the session fixture `pipelined_lm_run` (conftest.py), which
+test_pipelined_run_modes.py also restores from.
 """
 
 import numpy as np
@@ -15,7 +17,12 @@ from tests.transformer import test_auto_layout_run
 STEPS = 3
 LM = [p for p in test_auto_layout_run.LM
       if not p.startswith(("utils.run.train_steps", "auto_layout"))] + [
-          f"utils.run.train_steps = {STEPS}", "num_layers = 4"]
+          f"utils.run.train_steps = {STEPS}", "num_layers = 4",
+          # An "lm" decodes prompt and answer in one sequence of 16; rows
+          # with longer prompts step past 16 (positions looked up and
+          # ignored) in the modes of test_pipelined_run_modes.py, so the
+          # position table is longer.
+          "Unitransformer.max_length = 32"]
 PIPELINED = [
     "transformer.make_layer_stack.layer_stack_cls = "
     "@transformer.PipelinedLayerStack",
@@ -37,15 +44,17 @@ RUNS = {
 }
 
 
+def train(model_dir, name):
+  """The per-step losses of run `name` of RUNS, trained in model_dir."""
+  model_dir.mkdir(parents=True, exist_ok=True)
+  _, losses = test_auto_layout_run._train(  # pylint: disable=protected-access
+      model_dir, *LM, *RUNS[name], files=test_auto_layout_run.LM_FILES)
+  return [float(loss) for loss in losses]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  results = {}
-  for name, params in RUNS.items():
-    model_dir = tmp_path_factory.mktemp(name)
-    _, losses = test_auto_layout_run._train(  # pylint: disable=protected-access
-        model_dir, *LM, *params, files=test_auto_layout_run.LM_FILES)
-    results[name] = dict(dir=model_dir, losses=losses)
-  return results
+def runs(pipelined_lm_run):
+  return {name: pipelined_lm_run(name) for name in RUNS}
 
 
 @pytest.mark.parametrize("name", ["stage4", "stage2_batch2_model2"])

@@ -1,7 +1,8 @@
 """The binary's other modes with the pipelined gin it trained with.
 
-The tiny LM of tests/transformer/test_pipelined_run.py trains 2 steps as
-a PipelinedLayerStack of 4 stages on mesh stage:4; with the same gin the
+The tiny LM of tests/transformer/test_pipelined_run.py trained 3 steps as
+a PipelinedLayerStack of 4 stages on mesh stage:4 (its run "stage4", the
+session fixture `pipelined_lm_run`); with the same gin the
 binary then evaluates (decodes the held-out set), infers from a file,
 with the decodes of the plain LayerStack model restored from the same
 checkpoint, and exports a model that serves those decodes.
@@ -18,14 +19,8 @@ from tests.transformer import test_auto_layout_run
 from tests.transformer import test_main
 from tests.transformer import test_pipelined_run
 
-STEPS = 2
-LM = [p for p in test_pipelined_run.LM
-      if not p.startswith("utils.run.train_steps")] + [
-          f"utils.run.train_steps = {STEPS}",
-          # An "lm" decodes prompt and answer in one sequence of 16;
-          # rows with longer prompts step past 16 (positions looked up
-          # and ignored), so the position table is longer.
-          "Unitransformer.max_length = 32"]
+STEPS = test_pipelined_run.STEPS
+LM = test_pipelined_run.LM
 PIPELINED = LM + test_pipelined_run.RUNS["stage4"]
 PLAIN = LM + test_pipelined_run.RUNS["plain"]
 FILES = test_auto_layout_run.LM_FILES
@@ -37,9 +32,8 @@ def _run(model_dir, *params):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  model_dir = tmp_path_factory.mktemp("pipelined")
-  test_auto_layout_run._train(model_dir, *PIPELINED, files=FILES)  # pylint: disable=protected-access
+def trained(pipelined_lm_run):
+  model_dir = pipelined_lm_run("stage4")["dir"]
   assert tf.train.latest_checkpoint(str(model_dir)).endswith(
       f"model.ckpt-{STEPS}")
   return model_dir
