@@ -8,10 +8,12 @@ PlacementMeshImpl, unpipelined and pipelined:
   dp8            LayerStack, mesh batch:8 (data parallelism)
   dp2_mp4        LayerStack, mesh batch:2;model:4 (d_ff, heads, vocab on
                  model)
-  s<S>_m<M>[_recompute]
+  s<S>_m<M>[_recompute|_batched]
                  PipelinedLayerStack of S stages and M micro-batches on
                  mesh stage:S;batch:8/S (rules stage:stage;batch:batch),
-                 with GPipe's recomputation or without
+                 with GPipe's recomputation, or with batched weight
+                 gradients (one einsum per weight over all micro-batches),
+                 or neither
 
 One JSON line per case, all from one run:
 
@@ -42,7 +44,8 @@ One JSON line per case, all from one run:
                           changes no answer)
 
   python benchmarks/pipeline.py [--steps 10] [--blocks 8]
-      [--cases dp8,dp2_mp4,s2_m8,s4_m16,s4_m16_recompute,s4_m4,s8_m32]
+      [--cases dp8,dp2_mp4,s2_m8,s4_m16,s4_m16_recompute,s4_m16_batched,
+       s4_m4,s8_m32]
 """
 
 import argparse
@@ -64,8 +67,8 @@ UNPIPELINED = {
     "dp8": ("batch:8", "batch:batch"),
     "dp2_mp4": ("batch:2;model:4", "batch:batch;" + MODEL_RULES),
 }
-CASES = ("dp8", "dp2_mp4", "s2_m8", "s4_m16", "s4_m16_recompute", "s4_m4",
-         "s8_m32")
+CASES = ("dp8", "dp2_mp4", "s2_m8", "s4_m16", "s4_m16_recompute",
+         "s4_m16_batched", "s4_m4", "s8_m32")
 
 
 def parse_args(argv):
@@ -91,9 +94,10 @@ def _mtf():
 
 
 def parse_case(name):
-  """(mesh, layout, stages, micro-batches, recompute) of a case name."""
+  """(mesh, layout, stages, micro-batches, recompute, batched weight
+  gradients) of a case name."""
   if name in UNPIPELINED:
-    return UNPIPELINED[name] + (1, 1, False)
+    return UNPIPELINED[name] + (1, 1, False, False)
   parts = name.split("_")
   stages, micro = int(parts[0][1:]), int(parts[1][1:])
   mesh = f"stage:{stages}"
@@ -101,10 +105,10 @@ def parse_case(name):
   if NUM_DEVICES // stages > 1:
     mesh += f";batch:{NUM_DEVICES // stages}"
     layout += ";batch:batch"
-  return mesh, layout, stages, micro, "recompute" in parts
+  return mesh, layout, stages, micro, "recompute" in parts, "batched" in parts
 
 
-def make_model(args, stages, micro, recompute):
+def make_model(args, stages, micro, recompute, batched):
   """The LM with a LayerStack, or a PipelinedLayerStack of `stages`."""
   from mesh_tensorflow.transformer import transformer  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import transformer_layers  # pylint: disable=g-import-not-at-top
@@ -116,7 +120,7 @@ def make_model(args, stages, micro, recompute):
   if stages > 1:
     stack = transformer.PipelinedLayerStack(
         stack.layers, num_stages=stages, num_microbatches=micro,
-        recompute_grads=recompute)
+        recompute_grads=recompute, batch_weight_gradients=batched)
   return transformer.Unitransformer(
       stack, d_model=args.d_model, input_vocab_size=VOCAB,
       output_vocab_size=VOCAB, autoregressive=True, max_length=args.length,
@@ -149,8 +153,8 @@ def _impl(mtf, mesh_spec, layout, **kwargs):
 
 def make_step(mtf, tf, name, args, tokens):
   """A tf.function running one training step of case `name`."""
-  mesh_spec, layout, stages, micro, recompute = parse_case(name)
-  model = make_model(args, stages, micro, recompute)
+  mesh_spec, layout, stages, micro, recompute, batched = parse_case(name)
+  model = make_model(args, stages, micro, recompute, batched)
   impl = _impl(mtf, mesh_spec, layout)
   step_var = tf.Variable(0, dtype=tf.int64, name="global_step")
 
@@ -172,8 +176,8 @@ def make_step(mtf, tf, name, args, tokens):
 def static_figures(mtf, tf, name, args, tokens):
   """Counted figures of one case's lowered step (no run)."""
   import recompute_memory  # pylint: disable=g-import-not-at-top
-  mesh_spec, layout, stages, micro, recompute = parse_case(name)
-  model = make_model(args, stages, micro, recompute)
+  mesh_spec, layout, stages, micro, recompute, batched = parse_case(name)
+  model = make_model(args, stages, micro, recompute, batched)
   # Every processor holds its own copy of what it keeps.
   impl = _impl(mtf, mesh_spec, layout, share_replicas=False)
   tf_graph = tf.Graph()
@@ -194,7 +198,7 @@ def static_figures(mtf, tf, name, args, tokens):
   figures = {
       "mesh": mesh_spec, "layout": layout, "stages": stages,
       "microbatches": micro if stages > 1 else None,
-      "recompute": recompute,
+      "recompute": recompute, "batch_weight_gradients": batched,
       "stack_weight_fraction": bench_util.rounded(held / full, 4),
       "activation_mb": bench_util.rounded(peak["asap"] / impl.size / 2**20),
   }

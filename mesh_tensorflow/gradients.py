@@ -2,9 +2,11 @@
 
 `gradients(ys, xs)` walks the operations backwards from `ys`, asking each
 operation for the gradients of its inputs (built from more mtf operations),
-and sums the contributions that reach the same tensor.
+and sums the contributions that reach the same tensor. The terms of marked
+einsums that share a weight are summed by one einsum (gradient_batching).
 """
 
+from mesh_tensorflow import gradient_batching
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants
 
@@ -49,11 +51,19 @@ def gradients(ys, xs, grad_ys=None, operations=None):
     tensor_to_gradient[tensor] = grad if previous is None else binary.add(
         previous, grad)
 
+  pending = gradient_batching.PendingTerms(
+      gradient_batching.deferred_inputs(operations, downstream))
+
+  def gradient_of(tensor):
+    for g in pending.pop(tensor):
+      accumulate(tensor, g)
+    return tensor_to_gradient.get(tensor)
+
   for y, grad_y in zip(ys, grad_ys):
     accumulate(y, grad_y)
 
   for op in reversed(operations):
-    grad_outputs = [tensor_to_gradient.get(t) for t in op.outputs]
+    grad_outputs = [gradient_of(t) for t in op.outputs]
     if all(g is None for g in grad_outputs):
       continue
     if not any(t in downstream for t in op.inputs):
@@ -61,9 +71,12 @@ def gradients(ys, xs, grad_ys=None, operations=None):
     if not op.has_gradient:
       continue
     with graph.name_scope(op.name + "/gradients"):
-      input_grads = op.gradient(grad_outputs)
+      if pending.defers(op):
+        input_grads = pending.gradient(op, grad_outputs)
+      else:
+        input_grads = op.gradient(grad_outputs)
     for t, g in zip(op.inputs, input_grads):
       if g is not None and t in downstream and t.dtype.is_floating:
         accumulate(t, g)
-  return [tensor_to_gradient.get(x) for x in xs]
+  return [gradient_of(x) for x in xs]
 

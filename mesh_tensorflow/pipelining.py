@@ -47,11 +47,13 @@ import dataclasses
 import numbers
 
 from mesh_tensorflow import errors
+from mesh_tensorflow import gradient_batching
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
+from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import control_flow
 from mesh_tensorflow.ops import reduce as reduce_lib
 from mesh_tensorflow.ops import reshapes
@@ -279,7 +281,7 @@ def _check_stage_outputs(name, ys, xs):
 
 
 def pipeline(stage_fn, inputs, stage_dim, num_microbatches, batch_dim=None,
-             recompute_grad=False, name=None):
+             recompute_grad=False, batch_weight_gradients=False, name=None):
   """Runs S stacked stages on M micro-batches, GPipe style (see module doc).
 
   The weights of `stage_fn` are stacked along `stage_dim`, e.g.
@@ -312,6 +314,14 @@ def pipeline(stage_fn, inputs, stage_dim, num_microbatches, batch_dim=None,
     recompute_grad: wrap each iteration's stage_fn call in
       `mtf.recompute_grad` (GPipe's re-materialization): the backward pass
       keeps only the buffers between iterations and recomputes the rest.
+    batch_weight_gradients: compute the gradient of each weight the stages
+      use in einsums with ONE einsum over all iterations' terms, instead of
+      one (small) einsum per iteration and a sum (see gradient_batching):
+      faster, the more so the smaller the micro-batches and where the
+      batch is split (one all-reduce per weight instead of one per
+      iteration), but every iteration's einsum operands stay alive until
+      the end of the backward pass. Not with recompute_grad, which exists
+      to free them.
     name: the pipeline's name (in its operations and PipelineInfo).
 
   Returns:
@@ -324,6 +334,11 @@ def pipeline(stage_fn, inputs, stage_dim, num_microbatches, batch_dim=None,
   xs = [inputs] if single else list(inputs)
   stage_dim, batch = _check_arguments(name, xs, stage_dim, num_microbatches,
                                       batch_dim)
+  if recompute_grad and batch_weight_gradients:
+    raise ValueError(
+        f"pipeline {name!r}: batch_weight_gradients keeps every iteration's "
+        "activations until the end of the backward pass, and recompute_grad "
+        "exists to drop them; set one of the two.")
   mesh = xs[0].mesh
   num_stages, m = stage_dim.size, num_microbatches
   microbatch_dim = shape_lib.Dimension(MICROBATCH_DIM_NAME, m)
@@ -370,7 +385,12 @@ def pipeline(stage_fn, inputs, stage_dim, num_microbatches, batch_dim=None,
       ys = control_flow.recompute_grad(call_stage_fn, buffers)
       ys = [ys] if isinstance(ys, graph_lib.Tensor) else list(ys)
     else:
-      ys = call_stage_fn(*buffers)
+      with mesh.graph.capture_operations() as stage_ops:
+        ys = call_stage_fn(*buffers)
+      if batch_weight_gradients:
+        for op in stage_ops:
+          if isinstance(op, contractions.EinsumOperation):
+            gradient_batching.mark(op, name)
     first, last = _busy_range(t, num_stages, m)
     if first > 0 or last < num_stages - 1:
       busy = comparisons.logical_and(comparisons.greater_equal(stage, first),

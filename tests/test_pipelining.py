@@ -74,14 +74,15 @@ def _stage_fn(w1, w2, with_positions=False):
 
 
 def _check_pipeline(mesh_shape, layout, mode, num_stages, num_microbatches,
-                    recompute_grad=False):
+                    recompute_grad=False, batch_weight_gradients=False):
   w1, w2 = _weights(num_stages)
 
   def build(mesh, t):
     del mesh
     stage = t["w1"].shape.dims[0]
     y = mtf.pipeline(_stage_fn(t["w1"], t["w2"]), t["x"], stage,
-                     num_microbatches, recompute_grad=recompute_grad)
+                     num_microbatches, recompute_grad=recompute_grad,
+                     batch_weight_gradients=batch_weight_gradients)
     return {"y": y}
 
   mtf_testing.check_op(
@@ -112,6 +113,53 @@ def test_one_stage_is_the_plain_model(mesh_shape, layout):
 @pytest.mark.parametrize("mode", ["eager", "simd"])
 def test_recompute_grad_gives_the_same_values_and_gradients(mode):
   _check_pipeline("all:4", "stage:all", mode, 4, 4, recompute_grad=True)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", [
+    ("all:1", "", "eager"),
+    ("a:4;b:2", "stage:a;batch:b", "eager"),
+    ("a:4;b:2", "stage:a;batch:b", "simd"),
+    ("s:2;b:2;m:2", "stage:s;batch:b;h:m", "graph")])
+def test_batched_weight_gradients_give_the_same_values_and_gradients(
+    mesh_shape, layout, mode):
+  num_stages = _STAGES[(mesh_shape, layout)]
+  _check_pipeline(mesh_shape, layout, mode, num_stages, 2 * num_stages,
+                  batch_weight_gradients=True)
+
+
+def test_batched_weight_gradients_are_one_einsum_per_weight():
+  """Each weight's gradient sums the M + S - 1 iterations' terms in one
+  einsum; the input's gradient flows iteration by iteration as before."""
+  num_stages, num_microbatches = 4, 8
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w1, w2 = (mtf_testing.import_array(mesh, w, [
+      mtf.Dimension(n, s) for n, s in zip(names, w.shape)])
+            for w, names in zip(_weights(num_stages), (["stage", "d", "h"],
+                                                       ["stage", "h", "d"])))
+  x = mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
+                                            mtf.Dimension("d", D)])
+  y = mtf.pipeline(_stage_fn(w1, w2), x, w1.shape.dims[0], num_microbatches,
+                   batch_weight_gradients=True)
+  grads = mtf.gradients([mtf.reduce_sum(mtf.square(y))], [w1, w2])
+  for grad in grads:
+    terms = [t.shape.get_dim_by_name("gradient_terms").size
+             for t in grad.operation.inputs]
+    assert terms == [num_microbatches + num_stages - 1] * 2, grad.operation
+
+
+def test_batched_weight_gradients_and_recompute_exclude_each_other():
+  w1, w2 = _weights(2)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w1 = mtf_testing.import_array(mesh, w1, [mtf.Dimension("stage", 2),
+                                           mtf.Dimension("d", D),
+                                           mtf.Dimension("h", H)])
+  x = mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
+                                            mtf.Dimension("d", D)])
+  with pytest.raises(ValueError, match="recompute_grad"):
+    mtf.pipeline(lambda xs: xs, x, w1.shape.dims[0], 2, recompute_grad=True,
+                 batch_weight_gradients=True)
 
 
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""),

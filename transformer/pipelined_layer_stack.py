@@ -18,7 +18,8 @@ its layers run one after another, unpipelined (see the class). Gin:
   make_layer_stack.layer_stack_cls = @transformer.PipelinedLayerStack
   PipelinedLayerStack.num_stages = 4
   PipelinedLayerStack.num_microbatches = 16
-  PipelinedLayerStack.recompute_grads = True
+  PipelinedLayerStack.recompute_grads = True  # or, for speed when the
+  # activations fit: PipelinedLayerStack.batch_weight_gradients = True
   mesh_shape = "stage:4"  # and a layout rule "stage:stage"
 """
 
@@ -52,7 +53,8 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
   Training, evaluation and scoring ("train", "eval", "infer", "score")
   run through `mtf.pipeline` with `num_microbatches` micro-batches; with
   `recompute_grads` each stage's activations are recomputed in the
-  backward pass (GPipe). Decoding ("first_part", "incremental") is not
+  backward pass (GPipe); with `batch_weight_gradients` (instead) each
+  weight's gradient is one einsum over all micro-batches. Decoding ("first_part", "incremental") is not
   pipelined: the layers run one after another on the whole batch, as in
   a LayerStack, layer s * L/S + j reading row s of its layer-stacked
   variables (`mtf.stack_layer_variables(..., row=s)`), so decoding
@@ -70,7 +72,8 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
                dropout_rate=None,
                norm_epsilon=None,
                recompute_grads=False,
-               stage_dim_name=STAGE_DIM_NAME):
+               stage_dim_name=STAGE_DIM_NAME,
+               batch_weight_gradients=False):
     """Creates a PipelinedLayerStack.
 
     Args:
@@ -83,10 +86,15 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
       recompute_grads: recompute each stage's activations in the backward
         pass instead of keeping them.
       stage_dim_name: the name of the stage dimension (for layout rules).
+      batch_weight_gradients: compute each weight's gradient with one einsum
+        over all micro-batches (mtf.pipeline's option of that name): faster,
+        but the activations and their gradients of all micro-batches are
+        kept until the end of the backward pass. Not with recompute_grads.
 
     Raises:
-      ValueError: the stage count does not divide the layers, or the
-        layers of a stage differ from those of stage 0.
+      ValueError: the stage count does not divide the layers, the layers of
+        a stage differ from those of stage 0, or both recompute_grads and
+        batch_weight_gradients are set.
     """
     super().__init__(layers, sublayers_initial=sublayers_initial,
                      sublayers_per_layer=sublayers_per_layer,
@@ -104,8 +112,14 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
       raise ValueError(
           f"PipelinedLayerStack: num_microbatches must be >= 1, got "
           f"{num_microbatches}.")
+    if recompute_grads and batch_weight_gradients:
+      raise ValueError(
+          "PipelinedLayerStack: recompute_grads drops each stage's "
+          "activations and batch_weight_gradients keeps them all; set one "
+          "of the two.")
     self.num_stages = num_stages
     self.num_microbatches = num_microbatches
+    self.batch_weight_gradients = batch_weight_gradients
     self.stage_dim = mtf.Dimension(stage_dim_name, num_stages)
     self._per_stage = num_layers // num_stages
     for i, layer in enumerate(layers):
@@ -150,7 +164,8 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
 
     outputs = mtf.pipeline(
         stage_fn, inputs, self.stage_dim, self.num_microbatches,
-        batch_dim=batch_dim, recompute_grad=self._recompute_grads)
+        batch_dim=batch_dim, recompute_grad=self._recompute_grads,
+        batch_weight_gradients=self.batch_weight_gradients)
     x = outputs[0]
     context.layer_index += len(self._layers)
     x = self._call_sublayers(self._sublayers_final, x, context)

@@ -49,14 +49,15 @@ class EinsumOperation(graph_lib.Operation):
                       f"{sorted(d.name for d in dtypes)}.")
     self._outputs = [graph_lib.Tensor(self, output_shape, inputs[0].dtype)]
 
+  def gradient_operands(self, dy, index):
+    """The einsum operands of input `index`'s gradient (summed to its
+    shape), given the output's gradient dy."""
+    return [dy] + self._inputs[:index] + self._inputs[index + 1:]
+
   def gradient(self, grad_ys):
-    dy = grad_ys[0]
-    grads = []
-    for i, x in enumerate(self._inputs):
-      others = self._inputs[:i] + self._inputs[i + 1:]
-      grads.append(einsum([dy] + others, output_shape=x.shape,
-                          name=self.name + f"_grad_{i}"))
-    return grads
+    return [einsum(self.gradient_operands(grad_ys[0], i), output_shape=x.shape,
+                   name=self.name + f"_grad_{i}")
+            for i, x in enumerate(self._inputs)]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)

@@ -28,10 +28,11 @@ MODEL_SPLITS = "d_ff:model;heads:model;vocab:model"
 # tf.function mode on one processor; the 2x2x2 mesh in graph and SIMD mode
 # (tf.function there adds only its ~30 s of tracing).
 CASES = (
-    # (case id, stages, micro-batches, mesh, layout, mode)
+    # (case id, stages, micro-batches, mesh, layout, mode); 2 stages
+    # recompute (GPipe), 4 stages on SIMD batch their weight gradients.
     ("s2m2_1proc", 2, 2, "all:1", "", "function"),
     ("s4m4_stage4", 4, 4, "stage:4", "stage:stage", "eager"),
-    ("s4m8_stage4_simd", 4, 8, "stage:4", "stage:stage", "simd"),
+    ("s4m8_stage4_simd_batched", 4, 8, "stage:4", "stage:stage", "simd"),
     ("s2m4_3d_simd", 2, 4, "stage:2;batch:2;model:2",
      "stage:stage;batch:batch;" + MODEL_SPLITS, "simd"),
     ("s2m2_3d_graph", 2, 2, "stage:2;batch:2;model:2",
@@ -66,7 +67,8 @@ def test_pipelined_lm_trains_like_the_plain_one(plain_losses, stages,
                                                  layout, mode):
   stack = transformer.PipelinedLayerStack(
       _layers(), num_stages=stages, num_microbatches=microbatches,
-      recompute_grads=(stages == 2))
+      recompute_grads=(stages == 2),
+      batch_weight_gradients=(stages == 4 and mode == "simd"))
   losses = _losses(stack, mesh_shape, layout, mode)
   assert plain_losses[-1] < plain_losses[0]
   np.testing.assert_allclose(losses, plain_losses, rtol=2e-5, atol=2e-6)
@@ -126,6 +128,13 @@ def test_stages_with_different_layers_are_named():
       num_layers=1).layers
   with pytest.raises(ValueError, match="differs from layer 0"):
     transformer.PipelinedLayerStack(layers, num_stages=2)
+
+
+def test_recompute_and_batched_weight_gradients_exclude_each_other():
+  with pytest.raises(ValueError, match="set one of the two"):
+    transformer.PipelinedLayerStack(_layers(), num_stages=2,
+                                    recompute_grads=True,
+                                    batch_weight_gradients=True)
 
 
 def test_gin_builds_the_pipelined_stack():
