@@ -7,6 +7,7 @@ einsums that share a weight are summed by one einsum (gradient_batching).
 """
 
 from mesh_tensorflow import gradient_batching
+from mesh_tensorflow import idle_slots
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants
 
@@ -70,11 +71,13 @@ def gradients(ys, xs, grad_ys=None, operations=None):
       continue
     if not op.has_gradient:
       continue
-    with graph.name_scope(op.name + "/gradients"):
+    with graph.name_scope(op.name + "/gradients"), (
+        graph.capture_operations()) as created:
       if pending.defers(op):
         input_grads = pending.gradient(op, grad_outputs)
       else:
         input_grads = op.gradient(grad_outputs)
+    idle_slots.inherit(op, created)
     for t, g in zip(op.inputs, input_grads):
       if g is not None and t in downstream and t.dtype.is_floating:
         accumulate(t, g)

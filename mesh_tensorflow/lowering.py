@@ -13,6 +13,7 @@ from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import errors
+from mesh_tensorflow import idle_slots
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import slice_utils
 from mesh_tensorflow import stacking
@@ -66,11 +67,18 @@ class Lowering:
     body of a while loop) call this for each of them, so that an operation
     is lowered the same way inside a body as outside.
     """
-    if op.lower_in_name_scope:
-      with tf.name_scope(_scope_name(op.name)):
+    skipping = contextlib.nullcontext()
+    slots = idle_slots.of(op)
+    if slots is not None:
+      # An idle pipeline slot's processors may give zeros instead.
+      impl = self.mesh_impl(op)
+      skipping = impl.idle_processors(slots.processors(impl))
+    with skipping:
+      if op.lower_in_name_scope:
+        with tf.name_scope(_scope_name(op.name)):
+          op.lower(self)
+      else:
         op.lower(self)
-    else:
-      op.lower(self)
     for t in op.outputs:
       if t not in self.tensors:
         continue

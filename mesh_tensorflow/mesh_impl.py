@@ -15,6 +15,8 @@ On the mesh "rows:2;cols:2" with rules "batch:rows", a tensor
 along "cols".
 """
 
+import contextlib
+
 from absl import logging
 import tensorflow as tf
 
@@ -721,6 +723,14 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     size = self._shape[mesh_axis].size
     return self.slicewise(lambda pnum: (pnum // stride) % size,
                           self.laid_out_pnum())
+
+  def idle_processors(self, pnums):
+    """Context in which `slicewise` may skip processors `pnums`, giving them
+    zeros (they hold idle pipeline slots; see mesh_tensorflow.idle_slots).
+    Only an implementation whose processors run their own operations can
+    (PlacementMeshImpl); by default every processor computes."""
+    del pnums
+    return contextlib.nullcontext()
 
   def slicewise_delay_allreduce(self, fn, *inputs):
     """slicewise for a function that is linear in its laid-out inputs.

@@ -29,11 +29,14 @@ Bubble slots hold zeros, and a slot's output is replaced by zeros (with
 `where`, never by multiplying) whenever that slot holds no micro-batch, so
 whatever the stage function makes of zeros (even inf or NaN) never reaches a
 real micro-batch, the outputs or the gradients that flow between
-iterations. (Inside one call of the stage function a bubble slot still
-computes on zeros: a weight whose gradient reads a value that is inf or NaN
-at zero input, e.g. the gain after a norm without epsilon, gets NaN from
-0 * inf. Stages finite at zero input with finite derivatives there, as
-norms with an epsilon are, are safe.)
+iterations. On PlacementMeshImpl with one stage per processor, a processor
+whose slot is idle skips the stage function and its gradient altogether
+(its slices are zeros; see idle_slots): the bubble then costs waiting, not
+work. (Elsewhere, on SIMD or with the stages on one processor, a bubble
+slot computes on zeros inside the call: a weight whose gradient reads a
+value that is inf or NaN at zero input, e.g. the gain after a norm without
+epsilon, gets NaN from 0 * inf. Stages finite at zero input with finite
+derivatives there, as norms with an epsilon are, are safe.)
 
 Communication: feeding slot 0 is local (every processor selects, with
 `where`, the stage-0 slot of a buffer it already holds). Collecting slot
@@ -49,6 +52,7 @@ import numbers
 from mesh_tensorflow import errors
 from mesh_tensorflow import gradient_batching
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow import idle_slots
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
@@ -381,17 +385,20 @@ def pipeline(stage_fn, inputs, stage_dim, num_microbatches, batch_dim=None,
         buffers = [binary.add(b, f[t]) for b, f in zip(buffers, feeds)]
     buffers = PipelineIterationOperation(
         buffers, info, t, name=f"{name}_iteration_{t}").outputs
-    if recompute_grad:
-      ys = control_flow.recompute_grad(call_stage_fn, buffers)
-      ys = [ys] if isinstance(ys, graph_lib.Tensor) else list(ys)
-    else:
-      with mesh.graph.capture_operations() as stage_ops:
+    with mesh.graph.capture_operations() as stage_ops:
+      if recompute_grad:
+        ys = control_flow.recompute_grad(call_stage_fn, buffers)
+        ys = [ys] if isinstance(ys, graph_lib.Tensor) else list(ys)
+      else:
         ys = call_stage_fn(*buffers)
-      if batch_weight_gradients:
-        for op in stage_ops:
-          if isinstance(op, contractions.EinsumOperation):
-            gradient_batching.mark(op, name)
+    if batch_weight_gradients:
+      for op in stage_ops:
+        if isinstance(op, contractions.EinsumOperation):
+          gradient_batching.mark(op, name)
     first, last = _busy_range(t, num_stages, m)
+    idle_slots.mark_iteration(
+        stage_ops, buffers, stage_dim,
+        [s for s in range(num_stages) if not first <= s <= last])
     if first > 0 or last < num_stages - 1:
       busy = comparisons.logical_and(comparisons.greater_equal(stage, first),
                                      comparisons.less_equal(stage, last))

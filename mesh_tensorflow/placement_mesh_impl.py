@@ -17,6 +17,8 @@ per-device tensors (`allreduce_ring`, `allreduce_ring_single_shard`,
 `allreduce_algorithm="ring"`.
 """
 
+import contextlib
+
 from absl import logging
 import tensorflow as tf
 from tensorflow.python.ops import nccl_ops  # pylint: disable=g-direct-tensorflow-import
@@ -107,6 +109,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       share_replicas = _one_task_cpus(devices)
     self._share_replicas = bool(share_replicas)
     self._sources = {}
+    self._idle = frozenset()
 
   @property
   def devices(self):
@@ -134,20 +137,39 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
 
   # ----------------------------------------------------------- computation
 
+  @contextlib.contextmanager
+  def idle_processors(self, pnums):
+    previous = self._idle
+    self._idle = frozenset(pnums)
+    try:
+      yield
+    finally:
+      self._idle = previous
+
   def slicewise(self, fn, *inputs):
     inputs = mesh_impl_lib.convert_args_to_laid_out_tensors(inputs)
-    results = []
+    results = [None] * self.size
     done = {}  # With shared replicas: the same arguments, the same result.
-    for pnum, device in enumerate(self._devices):
+    idle = self._idle if len(self._idle) < self.size else frozenset()
+    # Busy processors first: an idle one gets zeros shaped like their slices.
+    order = ([p for p in range(self.size) if p not in idle] +
+             [p for p in range(self.size) if p in idle])
+    for pnum in order:
+      device = self._devices[pnum]
+      if pnum in idle and _static_tensors(results[order[0]]):
+        with tf.device(device):
+          results[pnum] = tf.nest.map_structure(
+              lambda t: tf.zeros(t.shape, t.dtype), results[order[0]])
+        continue
       args = [x.tensor_list[pnum] if isinstance(x, LaidOutTensor) else x
               for x in inputs]
       key = tuple(id(a) for a in args)
       if self._share_replicas and key in done:
-        results.append(done[key])
+        results[pnum] = done[key]
         continue
       with tf.device(device):
-        results.append(fn(*args))
-      done[key] = results[-1]
+        results[pnum] = fn(*args)
+      done[key] = results[pnum]
     if isinstance(results[0], tuple):
       return tuple(LaidOutTensor(list(r)) for r in zip(*results))
     return LaidOutTensor(results)
@@ -419,3 +441,10 @@ _NCCL_REDUCTIONS = {
     "MIN": nccl_ops.all_min,
 }
 
+
+def _static_tensors(result):
+  """Whether `result` (a slice or a tuple of them) is TF tensors of fully
+  known shapes, so zeros can stand for it (tf.zeros of the shape, made on
+  the idle processor's device, reads nothing from the busy one)."""
+  return all(isinstance(t, tf.Tensor) and t.shape.is_fully_defined()
+             for t in tf.nest.flatten(result))

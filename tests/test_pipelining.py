@@ -12,6 +12,7 @@ combined with batch and model (hidden dimension) splits.
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from tests import mtf_testing
@@ -146,6 +147,49 @@ def test_batched_weight_gradients_are_one_einsum_per_weight():
     terms = [t.shape.get_dim_by_name("gradient_terms").size
              for t in grad.operation.inputs]
     assert terms == [num_microbatches + num_stages - 1] * 2, grad.operation
+
+
+def _tf_einsums(mesh_shape, layout, num_stages, num_microbatches,
+                batch_weight_gradients=False):
+  """The Einsum ops of the TF graph of the pipeline and its gradients (of
+  the input and both weights) lowered on PlacementMeshImpl."""
+  tf_graph = tf.Graph()
+  with tf_graph.as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    w1, w2 = (mtf_testing.import_array(mesh, w, [
+        mtf.Dimension(n, s) for n, s in zip(names, w.shape)])
+              for w, names in zip(_weights(num_stages),
+                                  (["stage", "d", "h"], ["stage", "h", "d"])))
+    x = mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
+                                              mtf.Dimension("d", D)])
+    y = mtf.pipeline(_stage_fn(w1, w2), x, w1.shape.dims[0],
+                     num_microbatches,
+                     batch_weight_gradients=batch_weight_gradients)
+    grads = mtf.gradients([mtf.reduce_sum(mtf.square(y))], [x, w1, w2])
+    impl = mtf_testing.make_impl("graph", mesh_shape, layout)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    for g in grads:
+      lowering.export_to_tf_tensor(g)
+  return sum(op.type == "Einsum" for op in tf_graph.get_operations())
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_idle_stages_skip_their_work_on_placement(batched):
+  """A stage call is 2 einsums, its gradient 4 (of the input and of the
+  weight of each): with one stage per processor, only the S * M busy
+  slots compute them (an idle slot's values are discarded or exactly
+  zero), of S * (M + S - 1); batched, each processor computes its weight
+  gradients once. One processor holding every stage computes every slot,
+  one einsum per iteration for all stages."""
+  num_stages, m = 4, 4
+  iterations = m + num_stages - 1
+  if batched:
+    expected = 4 * num_stages * m + 2 * num_stages
+  else:
+    expected = 6 * num_stages * m
+  assert _tf_einsums("all:4", "stage:all", num_stages, m, batched) == expected
+  assert _tf_einsums("all:1", "", num_stages, m) == 6 * iterations
 
 
 def test_batched_weight_gradients_and_recompute_exclude_each_other():
