@@ -151,9 +151,11 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     results = [None] * self.size
     done = {}  # With shared replicas: the same arguments, the same result.
     idle = self._idle if len(self._idle) < self.size else frozenset()
-    # Busy processors first: an idle one gets zeros shaped like their slices.
-    order = ([p for p in range(self.size) if p not in idle] +
-             [p for p in range(self.size) if p in idle])
+    order = range(self.size)
+    if idle:
+      # Busy processors first: an idle one gets zeros shaped like theirs.
+      order = ([p for p in order if p not in idle] +
+               [p for p in order if p in idle])
     for pnum in order:
       device = self._devices[pnum]
       if pnum in idle and _static_tensors(results[order[0]]):

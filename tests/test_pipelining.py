@@ -128,18 +128,22 @@ def test_batched_weight_gradients_give_the_same_values_and_gradients(
                   batch_weight_gradients=True)
 
 
+def _imported(mesh, num_stages):
+  """(x, w1, w2) of the test model imported into `mesh`."""
+  w1, w2 = _weights(num_stages)
+  stage = mtf.Dimension("stage", num_stages)
+  d, h = mtf.Dimension("d", D), mtf.Dimension("h", H)
+  return (mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
+                                                d]),
+          mtf_testing.import_array(mesh, w1, [stage, d, h]),
+          mtf_testing.import_array(mesh, w2, [stage, h, d]))
+
+
 def test_batched_weight_gradients_are_one_einsum_per_weight():
   """Each weight's gradient sums the M + S - 1 iterations' terms in one
   einsum; the input's gradient flows iteration by iteration as before."""
   num_stages, num_microbatches = 4, 8
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  w1, w2 = (mtf_testing.import_array(mesh, w, [
-      mtf.Dimension(n, s) for n, s in zip(names, w.shape)])
-            for w, names in zip(_weights(num_stages), (["stage", "d", "h"],
-                                                       ["stage", "h", "d"])))
-  x = mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
-                                            mtf.Dimension("d", D)])
+  x, w1, w2 = _imported(mtf.Mesh(mtf.Graph(), "mesh"), num_stages)
   y = mtf.pipeline(_stage_fn(w1, w2), x, w1.shape.dims[0], num_microbatches,
                    batch_weight_gradients=True)
   grads = mtf.gradients([mtf.reduce_sum(mtf.square(y))], [w1, w2])
@@ -157,12 +161,7 @@ def _tf_einsums(mesh_shape, layout, num_stages, num_microbatches,
   with tf_graph.as_default():
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    w1, w2 = (mtf_testing.import_array(mesh, w, [
-        mtf.Dimension(n, s) for n, s in zip(names, w.shape)])
-              for w, names in zip(_weights(num_stages),
-                                  (["stage", "d", "h"], ["stage", "h", "d"])))
-    x = mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
-                                              mtf.Dimension("d", D)])
+    x, w1, w2 = _imported(mesh, num_stages)
     y = mtf.pipeline(_stage_fn(w1, w2), x, w1.shape.dims[0],
                      num_microbatches,
                      batch_weight_gradients=batch_weight_gradients)
@@ -193,14 +192,7 @@ def test_idle_stages_skip_their_work_on_placement(batched):
 
 
 def test_batched_weight_gradients_and_recompute_exclude_each_other():
-  w1, w2 = _weights(2)
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  w1 = mtf_testing.import_array(mesh, w1, [mtf.Dimension("stage", 2),
-                                           mtf.Dimension("d", D),
-                                           mtf.Dimension("h", H)])
-  x = mtf_testing.import_array(mesh, _x(), [mtf.Dimension("batch", BATCH),
-                                            mtf.Dimension("d", D)])
+  x, w1, _ = _imported(mtf.Mesh(mtf.Graph(), "mesh"), 2)
   with pytest.raises(ValueError, match="recompute_grad"):
     mtf.pipeline(lambda xs: xs, x, w1.shape.dims[0], 2, recompute_grad=True,
                  batch_weight_gradients=True)
