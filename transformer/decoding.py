@@ -192,8 +192,15 @@ def sample_autoregressive(self,
 
   def body_fn(position, ids, *states):
     """Decodes position `position` of every row."""
+    # A row that reached the end waits there while others decode (rows
+    # start at their own prefix lengths): it steps at the last position,
+    # inside the position table and the states, and writes no id, since
+    # the one-hot of its `position` below is all zeros. (The original's
+    # gathers were one-hot einsums, which return zeros past the end; a
+    # TF gather fails there.)
+    step_position = mtf.minimum(position, length_dim.size - 1)
     logits, new_states = _incremental_logits(
-        context_args, ids, position, list(states), write_priority,
+        context_args, ids, step_position, list(states), write_priority,
         constant_states, bos_id)
     if never_end:
       logits += mtf.one_hot(

@@ -117,3 +117,29 @@ def test_beam_search_refuses_sampling_settings(setting):
   name = next(iter(setting))
   with pytest.raises(ValueError, match=f"Bitransformer.decode: .*{name}"):
     mt.make_bitransformer().decode(inputs, beam_size=2, **setting)
+
+
+def test_rows_of_different_prefixes_stop_inside_a_table_of_their_length():
+  """make_lm's position table has exactly mt.L rows. Rows with longer
+  prefixes reach the end first and wait there while the others decode: no
+  position past the table is looked up, and every produced token is still
+  the argmax of a full pass over the row."""
+  lm = mt.make_lm()
+  prefix_lengths = np.arange(mt.B) % (mt.L - 2) + 1
+  prefixes = np.where(np.arange(mt.L) < prefix_lengths[:, None],
+                      mt.TARGETS, 0)
+  assert (np.count_nonzero(prefixes, axis=1) == prefix_lengths).all()
+
+  def build(mesh):
+    ids = lm.sample_autoregressive(mt.import_ids(mesh, prefixes),
+                                   stop_at_token=None)
+    logits, _ = lm.call_simple(transformer.autoregressive_inputs(ids), ids,
+                               False, mode="infer")
+    return {"ids": ids, "logits": logits}, None, {}
+  got = layer_testing.run_under("all:1", "", "function", build)
+  ids = got["ids"]
+  for row, start in enumerate(prefix_lengths):
+    np.testing.assert_array_equal(ids[row, :start], prefixes[row, :start])
+    np.testing.assert_array_equal(ids[row, start:],
+                                  got["logits"][row, start:].argmax(-1),
+                                  err_msg=f"row {row}")
