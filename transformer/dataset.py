@@ -24,7 +24,9 @@ ones are registered with gin under the original's module name.
 """
 
 import collections
+import contextlib
 import os
+import zlib
 
 import gin
 import tensorflow as tf
@@ -32,6 +34,42 @@ import tensorflow as tf
 _GIN_MODULE = "mesh_tensorflow.transformer.dataset"
 _AUTOTUNE = tf.data.AUTOTUNE
 EOS_ID = 1
+
+# The seed of this module's shuffles during a seeded run (see
+# `shuffle_seed`); None: unseeded, as in the original.
+_run_seed = None
+
+
+@contextlib.contextmanager
+def shuffle_seed(seed):
+  """Seeds the shuffles of the datasets this module makes within.
+
+  utils.run enters it with its `seed`, so that two runs of one command read
+  their data in the same order. Each shuffle draws its own seed from `seed`
+  and what it shuffles (file pattern, dataset name, split), so that
+  different data are not shuffled alike. With None the shuffles stay
+  unseeded (TensorFlow's global seed still applies to them).
+
+  Args:
+    seed: an int, or None.
+
+  Yields:
+    None.
+  """
+  global _run_seed
+  previous, _run_seed = _run_seed, seed
+  try:
+    yield
+  finally:
+    _run_seed = previous
+
+
+def _seed(*keys):
+  """The seed of one shuffle of `keys`, or None outside a seeded run."""
+  if _run_seed is None:
+    return None
+  key = zlib.crc32("/".join(str(k) for k in keys).encode())
+  return (int(_run_seed) * 1000003 + key) % (2**31 - 1)
 
 
 def _feature_keys(dataset):
@@ -361,9 +399,11 @@ def sample_from_text_line_datasets(glob_weight_list,
   globs, weights = zip(*glob_weight_list)
   datasets = [
       tf.data.TextLineDataset(_glob(g)).repeat().shuffle(
-          shuffle_buffer_size).prefetch(prefetch) for g in globs]
+          shuffle_buffer_size, seed=_seed("lines", g, i)).prefetch(prefetch)
+      for i, g in enumerate(globs)]
   return tf.data.Dataset.sample_from_datasets(
-      datasets, weights=[float(w) for w in weights])
+      datasets, weights=[float(w) for w in weights],
+      seed=_seed("sample", *globs))
 
 
 @gin.configurable(module=_GIN_MODULE)
@@ -375,7 +415,8 @@ def make_text_line_dataset(glob=gin.REQUIRED):
 @gin.configurable(module=_GIN_MODULE)
 def simple_text_line_dataset(glob=gin.REQUIRED, shuffle_buffer_size=100000):
   """The lines of the files matching `glob`, once, shuffled."""
-  return tf.data.TextLineDataset(_glob(glob)).shuffle(shuffle_buffer_size)
+  return tf.data.TextLineDataset(_glob(glob)).shuffle(
+      shuffle_buffer_size, seed=_seed("lines", glob))
 
 
 @gin.configurable(module=_GIN_MODULE)
@@ -510,15 +551,19 @@ def pretokenized_t2t_dataset(dataset_name=gin.REQUIRED,
       batch_size=batch_size, sequence_length=sequence_length,
       vocab_shift=vocab_shift)
   if dataset_split == "train":
-    dataset = dataset.shuffle(1000)
+    dataset = dataset.shuffle(1000, seed=_seed(dataset_name, dataset_split))
   return dataset
 
 
 def _tfds_load(**kwargs):
-  """tfds.load, imported on first use."""
+  """tfds.load, imported on first use; its file shuffling (shuffle_files)
+  seeded in a seeded run."""
   # Late import of tensorflow-datasets (seconds to import): only TFDS
   # datasets need it.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  seed = _seed(kwargs["name"], kwargs["split"], "files")
+  if seed is not None:
+    kwargs["read_config"] = tfds.ReadConfig(shuffle_seed=seed)
   return tfds.load(**kwargs)
 
 
@@ -552,7 +597,8 @@ def pretokenized_tfds_dataset(dataset_name=gin.REQUIRED,
                        as_supervised=True, data_dir=tfds_data_dir,
                        shuffle_files=dataset_split == "train")
   if dataset_split == "train":
-    dataset = dataset.repeat().shuffle(1000)
+    dataset = dataset.repeat().shuffle(
+        1000, seed=_seed(dataset_name, dataset_split))
 
   def _shift_and_end(ids):
     return tf.concat([ids + 1, tf.constant([EOS_ID], ids.dtype)], 0)
@@ -595,7 +641,8 @@ def untokenized_tfds_dataset(dataset_name=gin.REQUIRED,
   dataset = _tfds_load(name=dataset_name, split=dataset_split,
                        as_supervised=not text2self, data_dir=tfds_data_dir)
   if dataset_split == "train":
-    dataset = dataset.repeat().shuffle(1000)
+    dataset = dataset.repeat().shuffle(
+        1000, seed=_seed(dataset_name, dataset_split))
   if not text2self:
     dataset = supervised_to_dict(dataset, text2self)
   dataset = encode_all_features(dataset, vocabulary)

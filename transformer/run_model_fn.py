@@ -107,6 +107,13 @@ def _check_features(mtf_features, mode, model_type):
 
   if mode == ModeKeys.PREDICT:
     require("inputs", True)
+  elif mode == SCORE:
+    # The targets are scored; a language model's hold the whole sequence
+    # (an "lm" reads no inputs, a "delimited_lm" has them delimited in its
+    # targets), an encoder-decoder's are scored given the inputs.
+    require("targets", True)
+    if model_type not in ("lm", "delimited_lm"):
+      require("inputs", True)
   else:
     require("targets", True)
     require("inputs", model_type != "lm")
@@ -209,8 +216,7 @@ def tpu_estimator_model_fn(model_type,
     mtf_features = _import_features(mesh, features, sequence_length,
                                     batch_dims, ensemble_dims, model_type,
                                     mode)
-    _check_features(mtf_features, ModeKeys.PREDICT if mode == SCORE else mode,
-                    model_type)
+    _check_features(mtf_features, mode, model_type)
     if model_type == "delimited_lm" and mode not in (ModeKeys.PREDICT, SCORE):
       mtf_features = _dynamic_text2self(mtf_features)
     return mtf_features, batch_dim

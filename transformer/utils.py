@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator as estimator_lib
+from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import run_auto_layout
 from mesh_tensorflow.transformer import run_devices
@@ -148,7 +149,8 @@ def get_estimator(model_type, vocabulary, mesh_shape,
                   mesh_devices=None, score_in_predict_mode=False,
                   log_step_count_steps=100, save_summary_steps=100,
                   init_variable_filter="", checkpoint_input_pipeline=False,
-                  shard_weight_update=False, shard_parameters=False):
+                  shard_weight_update=False, shard_parameters=False,
+                  seed=None):
   """An Estimator (a TPUEstimator when use_tpu) of the Transformer model.
 
   Args:
@@ -184,6 +186,8 @@ def get_estimator(model_type, vocabulary, mesh_shape,
       whose names match (default all).
     checkpoint_input_pipeline: also checkpoint the training data's position.
     shard_weight_update, shard_parameters: see `run`.
+    seed: TensorFlow's global seed in every program the estimator builds
+      (RunConfig's tf_random_seed); None leaves it unset.
 
   Returns:
     a mesh_tensorflow.estimator.Estimator.
@@ -230,6 +234,7 @@ def get_estimator(model_type, vocabulary, mesh_shape,
       devices=devices,
       cluster=cluster,
       checkpoint_input_pipeline=checkpoint_input_pipeline,
+      tf_random_seed=seed,
       **warm_start)
   if use_tpu:
     return estimator_lib.TPUEstimator(
@@ -438,7 +443,8 @@ def run(tpu_job_name,
         save_summary_steps=100,
         train_hooks=None,
         shard_weight_update=False,
-        shard_parameters=False):
+        shard_parameters=False,
+        seed=None):
   """Runs training, evaluation, inference, scoring or export (`mode`).
 
   Args:
@@ -500,6 +506,14 @@ def run(tpu_job_name,
       mtf.shard_data_parallel). Same numbers and checkpoints.
     shard_parameters: also store the weights as shards, gathered where they
       are used (ZeRO-3).
+    seed: an int makes a run repeatable: two runs of one command on one
+      mesh give the same losses, step for step. It seeds the shuffles of
+      `dataset`'s functions (the data order) and TensorFlow's global seed
+      in the estimator's programs (other random ops, e.g. an unseeded
+      initializer or a dataset function's own shuffle). The layers' own
+      initial values and dropout masks are functions of variable and
+      operation names, the same in every run anyway. None: unseeded
+      shuffles, as in the original.
 
   Returns:
     what the mode returns (e.g. eval metrics, scores, the export path).
@@ -554,7 +568,8 @@ def run(tpu_job_name,
                       ("mesh_shape", mesh_shape.to_string),
                       ("layout_rules", layout_rules),
                       ("shard_weight_update", shard_weight_update),
-                      ("shard_parameters", shard_parameters)):
+                      ("shard_parameters", shard_parameters),
+                      ("seed", seed)):
     logging.info("%s=%s", name, value)
   if mode == "train" and dataset_split != "train":
     raise ValueError('mode "train" requires dataset_split "train", got '
@@ -592,54 +607,56 @@ def run(tpu_job_name,
       save_summary_steps=save_summary_steps,
       checkpoint_input_pipeline=checkpoint_input_pipeline,
       shard_weight_update=shard_weight_update,
-      shard_parameters=shard_parameters)
-
-  if mode == "train":
-    for hook in train_hooks or ():
-      if hasattr(hook, "set_run"):
-        hook.set_run(train_steps,
-                     batch_size * (ensemble_inputs or 1) *
-                     max(sequence_length.values()))
-    if train_dataset_fn is None:
-      raise ValueError("mode 'train' needs utils.run.train_dataset_fn in "
-                       "gin.")
-    kwargs = {}
-    if train_model_fn is train_model:
-      kwargs = dict(skip_seen_data=skip_seen_data,
-                    seen_data_init_step=seen_data_init_step,
-                    checkpoint_input_pipeline=checkpoint_input_pipeline,
-                    hooks=train_hooks)
-    return train_model_fn(estimator, vocabulary, sequence_length,
-                          batch_size, train_dataset_fn, train_steps,
-                          ensemble_inputs, **kwargs)
-  if mode == "perplexity_eval":
-    return perplexity_eval(estimator, vocabulary, sequence_length,
-                           batch_size, dataset_split, model_dir,
-                           eval_dataset_fn, train_dataset_fn,
-                           eval_checkpoint_step, perplexity_eval_steps)
-  if mode in ("eval", "score_eval"):
-    return eval_model(estimator, vocabulary, sequence_length, batch_size,
-                      dataset_split, model_dir, eval_dataset_fn,
-                      eval_summary_dir, eval_checkpoint_step,
-                      eval_with_score=mode == "score_eval",
-                      output_eval_examples=output_eval_examples)
-  if mode == "infer":
-    return infer_model(estimator, vocabulary, sequence_length, batch_size,
-                       model_type, model_dir, eval_checkpoint_step)
-  if mode == "score_from_strings":
-    return score_from_strings(estimator, vocabulary, model_type, batch_size,
-                              sequence_length, model_dir,
-                              eval_checkpoint_step)
-  if mode == "score_from_dataset":
-    return score_from_dataset(estimator, vocabulary, batch_size,
-                              sequence_length, model_dir,
-                              eval_checkpoint_step, dataset_split)
-  if mode == "export":
-    logging.warning('mode "export" is deprecated; use "export_infer".')
-  if not export_path:
-    raise ValueError(f"mode {mode!r} needs utils.run.export_path in gin.")
-  return export_model(
-      estimator, export_path, vocabulary, sequence_length,
-      model_type=model_type, eval_with_score=mode == "export_score",
-      batch_size=batch_size,
-      checkpoint_path=_export_checkpoint(export_checkpoint_step, model_dir))
+      shard_parameters=shard_parameters,
+      seed=seed)
+  # The mode's datasets are made within: their shuffles take the seed.
+  with transformer_dataset.shuffle_seed(seed):
+    if mode == "train":
+      for hook in train_hooks or ():
+        if hasattr(hook, "set_run"):
+          hook.set_run(train_steps,
+                       batch_size * (ensemble_inputs or 1) *
+                       max(sequence_length.values()))
+      if train_dataset_fn is None:
+        raise ValueError("mode 'train' needs utils.run.train_dataset_fn in "
+                         "gin.")
+      kwargs = {}
+      if train_model_fn is train_model:
+        kwargs = dict(skip_seen_data=skip_seen_data,
+                      seen_data_init_step=seen_data_init_step,
+                      checkpoint_input_pipeline=checkpoint_input_pipeline,
+                      hooks=train_hooks)
+      return train_model_fn(estimator, vocabulary, sequence_length,
+                            batch_size, train_dataset_fn, train_steps,
+                            ensemble_inputs, **kwargs)
+    if mode == "perplexity_eval":
+      return perplexity_eval(estimator, vocabulary, sequence_length,
+                             batch_size, dataset_split, model_dir,
+                             eval_dataset_fn, train_dataset_fn,
+                             eval_checkpoint_step, perplexity_eval_steps)
+    if mode in ("eval", "score_eval"):
+      return eval_model(estimator, vocabulary, sequence_length, batch_size,
+                        dataset_split, model_dir, eval_dataset_fn,
+                        eval_summary_dir, eval_checkpoint_step,
+                        eval_with_score=mode == "score_eval",
+                        output_eval_examples=output_eval_examples)
+    if mode == "infer":
+      return infer_model(estimator, vocabulary, sequence_length, batch_size,
+                         model_type, model_dir, eval_checkpoint_step)
+    if mode == "score_from_strings":
+      return score_from_strings(estimator, vocabulary, model_type, batch_size,
+                                sequence_length, model_dir,
+                                eval_checkpoint_step)
+    if mode == "score_from_dataset":
+      return score_from_dataset(estimator, vocabulary, batch_size,
+                                sequence_length, model_dir,
+                                eval_checkpoint_step, dataset_split)
+    if mode == "export":
+      logging.warning('mode "export" is deprecated; use "export_infer".')
+    if not export_path:
+      raise ValueError(f"mode {mode!r} needs utils.run.export_path in gin.")
+    return export_model(
+        estimator, export_path, vocabulary, sequence_length,
+        model_type=model_type, eval_with_score=mode == "export_score",
+        batch_size=batch_size,
+        checkpoint_path=_export_checkpoint(export_checkpoint_step, model_dir))

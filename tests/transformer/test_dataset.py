@@ -432,6 +432,49 @@ def test_pretokenized_tfrecord_and_t2t_datasets(tmp_path):
                                      sequence_length=4)
 
 
+def test_text_line_shuffles_follow_the_run_seed(tmp_path):
+  """Within shuffle_seed(seed) (utils.run's seed) the text-line datasets
+  give one order each time they are made; without, a new order each time,
+  as in the original."""
+  (tmp_path / "lines.txt").write_text("".join(f"{i}\n" for i in range(40)))
+  glob = str(tmp_path / "*.txt")
+
+  def orders():
+    simple = dataset.simple_text_line_dataset(glob, 100)
+    endless = dataset.sample_from_text_line_datasets(
+        [(glob, 1.0)], shuffle_buffer_size=100, prefetch=2)
+    return (tuple(simple.as_numpy_iterator()),
+            tuple(endless.take(80).as_numpy_iterator()))
+
+  with dataset.shuffle_seed(1):
+    first, again = orders(), orders()
+  with dataset.shuffle_seed(2):
+    other = orders()
+  unseeded = {orders() for _ in range(2)}
+  assert first == again
+  assert first != other
+  assert len(unseeded) == 2
+  assert sorted(first[0]) == sorted(f"{i}".encode() for i in range(40))
+
+
+def test_tfds_shuffles_follow_the_run_seed(tmp_path):
+  """A seeded run's TFDS training data: its files are shuffled with a
+  seed too (tfds.ReadConfig), the same each time; unseeded otherwise."""
+  def load():
+    return dataset.pretokenized_tfds_dataset(
+        _TRANSLATION, text2self=True, tfds_data_dir=str(tmp_path),
+        dataset_split="train", sequence_length=3)
+
+  with _MockTfds([{"az": [4, 5], "en": [6]}]) as mock:
+    with dataset.shuffle_seed(7):
+      load()
+      load()
+    load()
+  seeds = [c["shuffle_seed"] for c in mock.calls]
+  assert seeds[0] is not None and seeds[0] == seeds[1]
+  assert seeds[2] is None
+
+
 def test_eval_dataset_fields():
   assert dataset.EvalDataset._fields == (
       "name", "dataset_fn", "postprocess_fn", "metric_fns")
@@ -452,9 +495,11 @@ class _MockTfds:
   def __enter__(self):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-    def as_dataset_fn(builder, split=None, shuffle_files=None, **unused):
-      self.calls.append(dict(name=builder.name, split=split,
-                             shuffle_files=shuffle_files))
+    def as_dataset_fn(builder, split=None, shuffle_files=None,
+                      read_config=None, **unused):
+      self.calls.append(dict(
+          name=builder.name, split=split, shuffle_files=shuffle_files,
+          shuffle_seed=getattr(read_config, "shuffle_seed", None)))
       first = self.examples[0]
       if isinstance(next(iter(first.values())), str):
         return tf.data.Dataset.from_tensor_slices(
