@@ -14,7 +14,10 @@ The choice is printed and bound in gin (`utils.run.mesh_shape`,
 `utils.run.layout_rules`), so the operative config holds it and a rerun
 with that config repeats it without searching. The search's settings are
 gin parameters of `auto_layout` (objective, memory_budget, machine,
-max_mesh_shape_dimensions).
+max_mesh_shape_dimensions, quick_calibration). The time objective measures
+the machine once per mesh shape where nothing is cached (see
+mtf.auto_mtf.machine.load_or_calibrate); a failed measurement ends the run
+with one message saying how to measure it or do without.
 """
 
 from absl import logging
@@ -72,11 +75,12 @@ def fixed_batch_size(sequence_length, batch_size):
 
 @gin.configurable("auto_layout", module=_GIN_MODULE,
                   allowlist=["objective", "memory_budget", "machine",
-                             "max_mesh_shape_dimensions"])
+                             "max_mesh_shape_dimensions",
+                             "quick_calibration"])
 def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
                   objective="time", memory_budget=None, machine=None,
                   max_mesh_shape_dimensions=2, shard_weight_update=False,
-                  shard_parameters=False):
+                  shard_parameters=False, quick_calibration=False):
   """The LayoutChoice of a graph (see mtf.auto_mtf.api.choose_layout).
 
   Args:
@@ -88,19 +92,28 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
       "memory" (least peak memory per processor, the original's).
     memory_budget: optional bytes per processor the peak must fit in.
     machine: objective "time": the machine's constants (see
-      mtf.auto_mtf.api.layout); None measures this machine once (cached).
+      mtf.auto_mtf.api.layout); None measures this machine once per mesh
+      shape (about a minute; cached).
     max_mesh_shape_dimensions: the most mesh dimensions a searched mesh
       shape has.
     shard_weight_update, shard_parameters: the run's data-parallel sharding
       (utils.run's), counted in the memory of each layout.
+    quick_calibration: measure the machine in seconds instead (rougher
+      figures) where nothing is cached.
 
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
+
+  Raises:
+    ValueError: the search or the machine's measurement failed (the
+      binary reports it in one paragraph, as bad input), saying how to fix
+      it.
   """
   # pylint: disable=g-import-not-at-top
   # Imported on use: a run with explicit rules does not load auto_mtf (and
   # importing the transformer adds no core module).
   from mesh_tensorflow.auto_mtf import api as auto_mtf_api
+  from mesh_tensorflow.auto_mtf import calibration_subprocess  # (the same)
   from mesh_tensorflow.auto_mtf import layout_optimizer  # (the same)
   # pylint: enable=g-import-not-at-top
   try:
@@ -109,7 +122,17 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
         objective=objective, memory_budget=memory_budget, machine=machine,
         max_mesh_shape_dimensions=max_mesh_shape_dimensions,
         shard_weight_update=shard_weight_update,
-        shard_parameters=shard_parameters)
+        shard_parameters=shard_parameters,
+        quick_calibration=quick_calibration)
+  except calibration_subprocess.CalibrationError as e:
+    raise ValueError(
+        f'utils.run.layout_rules = "auto": the layout search (objective '
+        f"{objective!r}) needs this machine's constants, and measuring them "
+        f"failed: {e.reason}. To fix it, run `{e.command}` (it measures "
+        "them once and caches them), or set auto_layout.objective = "
+        "'memory', or give the machine's constants in "
+        "auto_layout.machine (a JSON file of "
+        "mtf.auto_mtf.machine.MachineConstants).") from e
   except (layout_optimizer.SolverError, ImportError) as e:
     # A ValueError: the binary reports it in one paragraph, as bad input.
     raise ValueError(
@@ -153,9 +176,13 @@ def choose(model_fn, mesh_shape_or_processor_count, features_fn,
   with tf.Graph().as_default():
     tf.compat.v1.train.get_or_create_global_step()
     mtf_graph, loss = model_fn.training_graph(features_fn())
-    return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count,
-                         shard_weight_update=shard_weight_update,
-                         shard_parameters=shard_parameters)
+  # Searched outside that graph: the search reads the mtf graph alone, and
+  # the time objective's calibration (on a new machine) runs eagerly in
+  # this process, unless the program is in tf.compat.v1 graph mode (then
+  # it runs in a fresh process).
+  return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count,
+                       shard_weight_update=shard_weight_update,
+                       shard_parameters=shard_parameters)
 
 
 def mesh_shape_string(mesh_shape):

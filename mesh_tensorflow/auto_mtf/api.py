@@ -16,7 +16,8 @@ Outputs matter: they stay in memory to the end of the step. The default
 objective, "memory", is the original's (least peak memory per processor);
 objective="time" picks the least predicted step time whose peak fits
 memory_budget (bytes per processor), with the machine's constants measured
-once and cached (machine.load_or_calibrate) unless `machine` gives them.
+once and cached (machine.load_or_calibrate; a program in tf.compat.v1
+graph mode measures in a fresh Python process) unless `machine` gives them.
 `choose_layout` returns the same choice with its predictions and the search
 time, for reports (the Transformer binary prints it).
 """
@@ -118,9 +119,21 @@ def layout_and_mesh_shape(mtf_graph, num_machines, mtf_outputs=(),
 def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
                   memory_budget=None, machine=None,
                   max_mesh_shape_dimensions=2, shard_weight_update=False,
-                  shard_parameters=False):
+                  shard_parameters=False, quick_calibration=False):
   """The LayoutChoice for a mesh shape, or for a processor count (an int:
-  every mesh shape of it is tried, as in layout_and_mesh_shape)."""
+  every mesh shape of it is tried, as in layout_and_mesh_shape). Other
+  arguments as in `layout_and_mesh_shape`, and:
+
+  Args:
+    quick_calibration: objective "time" without `machine`: where nothing
+      is cached, measure this machine quickly (seconds, rougher figures)
+      instead of fully (about a minute).
+
+  Raises:
+    layout_optimizer.SolverError: no layout fits the budget.
+    machine.CalibrationError: objective "time" without `machine`, and
+      measuring this machine failed.
+  """
   if isinstance(mesh_shape, int):
     candidates = [_mesh_shape_of(sizes) for sizes in _mesh_shape_iterator(
         mesh_shape, max_mesh_shape_dimensions)]
@@ -132,7 +145,8 @@ def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
   errors = []
   for candidate in candidates:
     logging.info("auto_mtf: searching layouts for mesh shape %s", candidate)
-    constants = _machine_for(machine, candidate, objective)
+    constants = _machine_for(machine, candidate, objective,
+                             quick_calibration)
     start = time.perf_counter()
     estimator = memory_estimator.MemoryEstimator(mtf_graph, candidate,
                                                  mtf_outputs)
@@ -166,15 +180,15 @@ def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
       search_seconds=searched)
 
 
-def _machine_for(machine, mesh_shape, objective):
+def _machine_for(machine, mesh_shape, objective, quick_calibration=False):
   """The machine constants the time objective prices with (None for the
-  memory objective)."""
+  memory objective): measured (cached) unless `machine` gives them."""
   if objective != "time":
     return None
   # Imported here: calibration needs TF devices, the memory search does not.
   from mesh_tensorflow.auto_mtf import machine as machine_lib  # pylint: disable=g-import-not-at-top
   if machine is None:
-    return machine_lib.load_or_calibrate(mesh_shape)
+    return machine_lib.load_or_calibrate(mesh_shape, quick=quick_calibration)
   return machine_lib.machine_constants(machine)
 
 

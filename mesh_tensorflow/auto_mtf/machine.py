@@ -5,8 +5,10 @@ processor (FLOPs, bytes of element-wise work, lowered ops, collectives by
 kind and mesh dimension, with their wire bytes) and from a few constants of
 the machine. This module holds those constants (`MachineConstants`),
 measures them on this machine (`calibrate`), caches the measurement on disk
-(`load_or_calibrate`) and accepts a user's own figures, e.g. a TPU pod's
-(`machine_constants`).
+(`load_or_calibrate`, which measures in a fresh Python process when this
+one is in tf.compat.v1 graph mode; `python -m
+mesh_tensorflow.auto_mtf.calibration` fills the cache from a shell) and
+accepts a user's own figures, e.g. a TPU pod's (`machine_constants`).
 
 Calibration times this project's own lowering: einsums and element-wise ops
 under tf.function on the mesh's devices, and each collective of the mesh
@@ -51,8 +53,10 @@ from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow.auto_mtf import calibration_subprocess
 
 COLLECTIVE_KINDS = mesh_impl_lib.COLLECTIVE_KINDS
+CalibrationError = calibration_subprocess.CalibrationError
 CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
 _ANY_DIMS = ("*",)  # The key of a collective kind's default link.
@@ -454,7 +458,8 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
     if not tf.executing_eagerly():
       raise RuntimeError(
           "auto_mtf.machine.calibrate runs programs eagerly; call it outside "
-          "tf.compat.v1 graph mode, or pass measured constants "
+          "tf.compat.v1 graph mode, or call load_or_calibrate (which "
+          "measures in a fresh process there), or pass measured constants "
           "(machine_constants).")
     impl = _make_mesh_impl(shape, devices, mesh_impl)
     devices = impl.devices
@@ -827,14 +832,15 @@ def _host_cpu():
   return platform.processor() or platform.machine() or "unknown"
 
 
-def cache_key(mesh_shape, devices, mesh_impl):
+def cache_key(mesh_shape, devices, mesh_impl, quick=False):
   """What the constants depend on: device kinds and count, the mesh, the
-  mesh implementation, TensorFlow's version and the host's CPU."""
+  mesh implementation, TensorFlow's version and the host's CPU (and
+  whether the measurement was quick: its rougher figures are kept apart)."""
   shape = mesh_shape_of(mesh_shape)
   kinds = collections.Counter(
       (tf.DeviceSpec.from_string(d).device_type or "?").upper()
       for d in sorted(set(devices)))
-  return {
+  key = {
       "format": _CACHE_FORMAT,
       "devices": ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
       "num_processors": len(devices),
@@ -844,24 +850,59 @@ def cache_key(mesh_shape, devices, mesh_impl):
       "host_cpu": _host_cpu(),
       "host_cores": os.cpu_count(),
   }
+  if quick:
+    key["quick"] = True
+  return key
 
 
 def cache_path(mesh_shape, devices=None, mesh_impl="placement",
-               cache_dir=None):
+               cache_dir=None, quick=False):
   """The cache file of this machine and mesh."""
   shape = mesh_shape_of(mesh_shape)
   if devices is None:
     devices = placement_mesh_impl.default_devices(shape.size)
-  key = cache_key(shape, list(devices), mesh_impl)
+  key = cache_key(shape, list(devices), mesh_impl, quick)
   digest = hashlib.sha256(
       json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
   return os.path.join(cache_dir or default_cache_dir(),
                       f"machine_{digest}.json")
 
 
+def load_cached(mesh_shape, devices=None, mesh_impl="placement",
+                cache_dir=None, quick=False):
+  """(MachineConstants, cache key) of the cached measurement of this
+  machine and mesh, or None. A quick request takes a full measurement
+  too; a corrupt cache file counts as missing, with a warning."""
+  shape = mesh_shape_of(mesh_shape)
+  if devices is None:
+    devices = placement_mesh_impl.default_devices(shape.size)
+  devices = list(devices)
+  for quick_entry in (False, True) if quick else (False,):
+    key = cache_key(shape, devices, mesh_impl, quick_entry)
+    path = cache_path(shape, devices, mesh_impl, cache_dir, quick_entry)
+    if not os.path.exists(path):
+      continue
+    try:
+      with open(path) as f:
+        entry = json.load(f)
+      if entry.get("key") == key:
+        return MachineConstants.from_dict(entry["constants"]), key
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      message = (f"auto_mtf: machine constants cache {path} is unreadable "
+                 f"({e}); measuring again.")
+      warnings.warn(message)
+      logging.warning(message)
+  return None
+
+
 def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
-                      cache_dir=None, refresh=False):
+                      cache_dir=None, refresh=False, quick=False):
   """The cached constants of this machine and mesh, else calibrates.
+
+  Calibration runs in this process when it can run programs eagerly, else
+  (tf.compat.v1 graph mode) in a fresh Python process given this
+  process's logical CPUs and devices (the calibration command of module
+  `calibration`), which measures the same devices.
 
   Args:
     mesh_shape: the mesh, e.g. "b:2;m:4", [2, 4] or an mtf.Shape.
@@ -869,32 +910,51 @@ def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
     mesh_impl: "placement" or "simd".
     cache_dir: where the cache lives (default: `default_cache_dir()`).
     refresh: measure again even if cached.
+    quick: a quick calibration (see `calibrate`) if none is cached; a full
+      one cached serves too.
 
   Returns:
     a MachineConstants. A new measurement is written atomically; a corrupt
     cache file is measured again with a warning.
+
+  Raises:
+    CalibrationError: the measurement failed (its message says how to
+      measure with the calibration command, or to do without).
   """
   if mesh_impl not in MESH_IMPLS:
     raise ValueError(f"load_or_calibrate: mesh_impl must be one of "
                      f"{list(MESH_IMPLS)}, got {mesh_impl!r}.")
   shape = mesh_shape_of(mesh_shape)
-  if devices is None:
-    devices = placement_mesh_impl.default_devices(shape.size)
-  devices = list(devices)
-  key = cache_key(shape, devices, mesh_impl)
-  path = cache_path(shape, devices, mesh_impl, cache_dir)
-  if not refresh and os.path.exists(path):
+  given_devices = None if devices is None else list(devices)
+  devices = given_devices or placement_mesh_impl.default_devices(shape.size)
+  if not refresh:
+    cached = load_cached(shape, devices, mesh_impl, cache_dir, quick)
+    if cached is not None:
+      return cached[0]
+  cache_dir = cache_dir or default_cache_dir()
+  args = calibration_subprocess.command_args(
+      mesh_spec(shape), mesh_impl,
+      len(tf.config.list_logical_devices("CPU")), cache_dir, quick=quick,
+      refresh=refresh, devices=given_devices)
+  command = calibration_subprocess.shell_command(args)
+  key = cache_key(shape, devices, mesh_impl, quick)
+  logging.info("auto_mtf: measuring this machine's constants for mesh %s "
+               "(%s on %s%s; cached in %s)", key["mesh_shape"], mesh_impl,
+               key["devices"], ", quick" if quick else "", cache_dir)
+  if not _runs_eagerly():
+    constants = calibration_subprocess.run(
+        args, devices, [cache_key(shape, devices, mesh_impl, q)
+                        for q in ((False, True) if quick else (False,))])
     try:
-      with open(path) as f:
-        entry = json.load(f)
-      if entry.get("key") == key:
-        return MachineConstants.from_dict(entry["constants"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-      message = (f"auto_mtf: machine constants cache {path} is unreadable "
-                 f"({e}); measuring again.")
-      warnings.warn(message)
-      logging.warning(message)
-  constants = calibrate(shape, devices, mesh_impl)
+      return MachineConstants.from_dict(constants)
+    except (ValueError, TypeError) as e:
+      raise CalibrationError(f"the calibration process gave unreadable "
+                             f"constants ({e})", command) from None
+  try:
+    constants = calibrate(shape, devices, mesh_impl, quick=quick)
+  except (tf.errors.OpError, RuntimeError) as e:
+    raise CalibrationError(f"{type(e).__name__}: {e}", command) from e
+  path = cache_path(shape, devices, mesh_impl, cache_dir, quick)
   try:
     _write_atomically(path, json.dumps(
         {"key": key, "constants": constants.to_dict()}, sort_keys=True,
@@ -903,6 +963,13 @@ def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
     logging.warning("auto_mtf: could not cache machine constants in %s: %s",
                     path, e)
   return constants
+
+
+def _runs_eagerly():
+  """Whether this process can run calibration's programs now: eagerly, or
+  from inside a tf.function (lifted out by init_scope)."""
+  with tf.init_scope():
+    return tf.executing_eagerly()
 
 
 def _write_atomically(path, text):

@@ -7,11 +7,14 @@ Bitransformer searches the rules of b:2;m:4, in training and in inference
 (the same choice: both search the training graph), stopped before the
 estimator is built. The search runs with the memory objective (the time
 objective's cost model is tested in tests/auto_mtf); the time path through
-the binary is checked with a fake search.
+the binary is checked with a fake search, and once for real on a machine
+whose calibration cache is empty (a quick calibration, in seconds), and
+with a calibration that fails.
 """
 
 import contextlib
 import io
+import json
 import re
 
 import gin
@@ -21,6 +24,8 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import api as auto_mtf_api
+from mesh_tensorflow.auto_mtf import calibration_subprocess
+from mesh_tensorflow.auto_mtf import machine
 from mesh_tensorflow.transformer import embedded_task
 from mesh_tensorflow.transformer import main as main_lib
 from mesh_tensorflow.transformer import run_auto_layout
@@ -231,7 +236,8 @@ def test_time_objective_settings_reach_the_search(tmp_path):
   assert kwargs == dict(objective="time", memory_budget=123456,
                         machine="/nowhere/machine.json",
                         max_mesh_shape_dimensions=2,
-                        shard_weight_update=False, shard_parameters=False)
+                        shard_weight_update=False, shard_parameters=False,
+                        quick_calibration=False)
   assert isinstance(graph, mtf.Graph) and graph.trainable_variables
   # The graph is the training step's: the loss, and optimizer updates.
   assert [t.shape.dims for t in outputs] == [[]]
@@ -240,6 +246,78 @@ def test_time_objective_settings_reach_the_search(tmp_path):
   assert "auto layout (time): mesh_shape=" in line
   assert "utils.run.mesh_shape = 'mesh_0:8'" in line
   assert "predicted_step=1.250 ms" in line
+
+
+TIME_OBJECTIVE = [p for p in SHORT if not p.startswith("auto_layout")]
+
+
+def _cache_files(cache_dir):
+  """{file name: cache key} of the machine constants cached there."""
+  return {path.name: json.loads(path.read_text())["key"]
+          for path in cache_dir.glob("machine_*.json")}
+
+
+def test_time_objective_calibrates_a_new_machine_once(tmp_path, monkeypatch):
+  """The default objective on a machine with nothing cached: the binary
+  measures it (quickly here), caches it, and the next run reads it."""
+  cache_dir = tmp_path / "cache"
+  monkeypatch.setenv(machine.CACHE_DIR_ENV, str(cache_dir))
+  params = [*TIME_OBJECTIVE, *AUTO_RULES, "utils.run.mesh_shape = 'b:2;m:4'",
+            "auto_layout.quick_calibration = True"]
+  printed, call = _search_only(tmp_path / "first", *params)
+  line = _choice_line(printed)
+  assert line.startswith("auto layout (time): ")
+  assert re.search(r"predicted_step=\d+\.\d+ ms", line)
+  mesh, rules = _chosen(line)
+  assert mesh == "b:2;m:4"
+  assert call["layout_rules"] == mtf.convert_to_layout_rules(rules)
+  (key,) = _cache_files(cache_dir).values()
+  assert key["mesh_shape"] == "b:2;m:4" and key["quick"]
+  assert key["devices"] == "8 CPU" and key["num_processors"] == 8
+
+  def measure_again(*args, **kwargs):
+    raise AssertionError("calibrated although the cache holds the machine")
+  monkeypatch.setattr(machine, "calibrate", measure_again)
+  printed, _ = _search_only(tmp_path / "second", *params)
+  assert _chosen(_choice_line(printed)) == (mesh, rules)
+
+
+@pytest.mark.parametrize("where", ["in_process", "subprocess"])
+def test_failed_calibration_is_one_paragraph_with_the_fix(
+    tmp_path, monkeypatch, capsys, where):
+  """A measurement that fails (in this process, or in the fresh process a
+  graph-mode program measures in) ends the binary with one paragraph:
+  what failed, and how to measure or do without; exit status 1."""
+  monkeypatch.setenv(machine.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  if where == "in_process":
+    def out_of_memory(*args, **kwargs):
+      raise tf.errors.ResourceExhaustedError(
+          None, None, "OOM when allocating tensor with shape[1024,1024]")
+    monkeypatch.setattr(machine, "calibrate", out_of_memory)
+    reason = r"ResourceExhaustedError: OOM when allocating tensor"
+  else:
+    # As in a tf.compat.v1 graph-mode program; the child never finishes.
+    monkeypatch.setattr(machine, "_runs_eagerly", lambda: False)
+    monkeypatch.setattr(calibration_subprocess, "TIMEOUT_SECONDS", 0.01)
+    reason = r"the calibration process did not finish within 0\.01 s"
+  with pytest.raises(SystemExit) as exit_info:
+    test_main.run_main(tmp_path / "run", *TIME_OBJECTIVE, *AUTO_RULES,
+                       "utils.run.mesh_shape = 'b:2;m:4'", with_errors=True)
+  assert exit_info.value.code == 1
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  error = err.strip().splitlines()[-1]
+  assert error.startswith('error: ValueError: utils.run.layout_rules = '
+                          '"auto": the layout search (objective \'time\') '
+                          "needs this machine's constants, and measuring "
+                          "them failed: "), error
+  assert re.search(reason, error), error
+  assert ("run `python -m mesh_tensorflow.auto_mtf.calibration --mesh_shape "
+          "'b:2;m:4' --mesh_impl placement --logical_cpus 8") in error
+  assert "auto_layout.objective = 'memory'" in error
+  assert "auto_layout.machine" in error
+  assert not (tmp_path / "cache").exists() or not list(
+      (tmp_path / "cache").glob("machine_*.json"))
 
 
 def test_processor_count_follows_the_devices(monkeypatch):
