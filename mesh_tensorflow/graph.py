@@ -8,6 +8,7 @@ turns a graph into TensorFlow ops later.
 import contextlib
 import copy as _copy
 import re
+import types
 
 import tensorflow as tf
 
@@ -23,6 +24,8 @@ class Graph:
     self._trainable_variables = []
     self._all_variables = []
     self._name_to_variable = {}
+    self._name_to_variable_view = types.MappingProxyType(
+        self._name_to_variable)
     # member name -> the layer-stacked Variable one of whose rows it is.
     self._member_to_variable = {}
     self._names_in_use = {}
@@ -47,7 +50,9 @@ class Graph:
 
   @property
   def name_to_variable(self):
-    return dict(self._name_to_variable)
+    """{full name: Variable} of the variables, as a read-only live view:
+    get_variable looks up every name here, so reading it copies nothing."""
+    return self._name_to_variable_view
 
   @property
   def captured_variable_scope(self):

@@ -55,6 +55,23 @@ def test_variables_lists(mesh):
   assert graph.trainable_variables == []
 
 
+def test_name_to_variable_is_a_live_read_only_view(mesh):
+  """get_variable looks every name up in it: reading it copies nothing
+  (one view, which follows new variables), and it cannot be changed."""
+  graph = mesh.graph
+  view = graph.name_to_variable
+  assert graph.name_to_variable is view
+  assert len(view) == 0
+  w = mtf.get_variable(mesh, "w", "a:2")
+  assert dict(view) == {"w": w.operation}
+  with pytest.raises(TypeError):
+    view["v"] = w.operation
+  with pytest.raises((TypeError, AttributeError)):
+    view.pop("w")
+  assert dict(graph.name_to_variable) == {"w": w.operation}
+  assert graph.all_variables == [w.operation]
+
+
 @pytest.mark.parametrize("expr,op_type", [
     (lambda x, y: x + y, mtf.AddOperation),
     (lambda x, y: x - y, mtf.AddOperation),
