@@ -756,7 +756,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
       x = slice_utils.expand_to(x, old_shape, new_shape)
       if slice_utils.static_shape(x) == new_slice_shape:
         return x
-      return tf.broadcast_to(x, new_slice_shape)
+      return slice_utils.broadcast_to(x, new_slice_shape)
 
     return self.slicewise(fn, old_slices)
 

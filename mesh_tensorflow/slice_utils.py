@@ -84,3 +84,132 @@ def reduce_to(x, old_shape, new_shape, reduce_fn=tf.reduce_sum):
     x = reduce_fn(x, axis=axes)
   kept = shape_lib.Shape([d for d in old_shape if d.name in new_names])
   return transpose_to(x, kept, new_shape)
+
+
+# Kernel rank limits. Each guard below changes nothing at or under its limit.
+#
+# oneDNN's Softmax kernel, which TensorFlow runs on CPUs with AVX-512 (or
+# wherever TF_ENABLE_ONEDNN_OPTS=1), aborts on more than 5 dimensions:
+# "Input dims must be <= 5 and >=1".
+MAX_SOFTMAX_RANK = 5
+# TensorFlow's broadcasting kernels (the binary element-wise ops, SelectV2,
+# BroadcastTo), with oneDNN on or off, first merge neighbouring axes that
+# broadcast alike and then handle at most 5 of the resulting groups:
+# "Broadcast between [2,1,2,1,2,1] and [1,2,1,2,1,2] is not supported yet."
+MAX_BROADCAST_GROUPS = 5
+
+
+def _product(sizes, dynamic_sizes):
+  """The product of `sizes` (ints, or None where unknown statically)."""
+  if None in sizes:
+    return tf.reduce_prod(dynamic_sizes)
+  return shape_lib.list_product(sizes)
+
+
+def along_axis(fn, x, axis, max_rank):
+  """fn(x', axis') for `fn` acting along one axis of x, within `max_rank`.
+
+  An op that mixes entries along `axis` only (softmax, ...) gives the same
+  result on x reshaped to [prod(axes before), n, prod(axes after)], with
+  the axes after merged away when `axis` is last, or those before when it
+  is first; the result is reshaped back to x's shape. That is how kernels
+  with a rank limit see tensors of any rank. Ranks within `max_rank` pass
+  through unchanged (no reshape). Sizes unknown statically (graph mode)
+  are read at run time.
+  """
+  shape = static_shape(x)
+  rank = len(shape)
+  axis %= rank
+  if rank <= max_rank:
+    return fn(x, axis)
+  dynamic = tf.shape(x) if None in shape else None
+  before, after = shape[:axis], shape[axis + 1:]
+  merged = []
+  if before:
+    merged.append(_product(before, None if dynamic is None else
+                           dynamic[:axis]))
+  merged.append(shape[axis] if shape[axis] is not None else dynamic[axis])
+  if after:
+    merged.append(_product(after, None if dynamic is None else
+                           dynamic[axis + 1:]))
+  if dynamic is not None:
+    merged = tf.stack(merged)
+  y = fn(tf.reshape(x, merged), 1 if before else 0)
+  return tf.reshape(y, shape if dynamic is None else dynamic)
+
+
+def softmax(x, axis):
+  """tf.nn.softmax of slice `x` along `axis`, at any rank (see
+  MAX_SOFTMAX_RANK and `along_axis`)."""
+  return along_axis(lambda t, a: tf.nn.softmax(t, axis=a), x, axis,
+                    MAX_SOFTMAX_RANK)
+
+
+def broadcast_groups(shapes):
+  """How many axis groups TensorFlow's broadcasting kernels would see.
+
+  `shapes` are the static shapes of the operands (ints, or None where
+  unknown; shorter ones are aligned on the right, as TensorFlow does).
+  Axes of size 1 in the result are dropped and neighbouring axes in which
+  the same operands broadcast are merged, as tensorflow/core/util/bcast.h
+  does; an unknown size counts as not broadcast.
+  """
+  rank = max(len(s) for s in shapes)
+  padded = [[1] * (rank - len(s)) + list(s) for s in shapes]
+  groups, previous = 0, None
+  for sizes in zip(*padded):
+    if all(n == 1 for n in sizes):
+      continue
+    pattern = tuple(n == 1 for n in sizes)
+    if pattern != previous:
+      groups, previous = groups + 1, pattern
+  return groups
+
+
+def _tile_to(x, target):
+  """Tiles slice `x` (axes of size 1 or of target's size; shorter shapes
+  align on the right) to the static shape `target`."""
+  shape = static_shape(x)
+  if len(shape) < len(target):
+    x = tf.reshape(x, [1] * (len(target) - len(shape)) + shape)
+    shape = static_shape(x)
+  return tf.tile(x, [t if s == 1 else 1 for s, t in zip(shape, target)])
+
+
+def broadcastable(slices):
+  """`slices` made fit for one TensorFlow broadcasting op, within
+  MAX_BROADCAST_GROUPS.
+
+  They broadcast against each other as they are when their broadcast
+  pattern has at most MAX_BROADCAST_GROUPS groups (always, up to rank 5),
+  and come back unchanged. Otherwise the operands that break the pattern
+  most are tiled to the full result shape, one at a time, until it fits
+  (Tile has no rank limit). Shapes unknown statically are left as they
+  are: the lowering's slices have static shapes.
+  """
+  slices = list(slices)
+  shapes = [static_shape(s) for s in slices]
+  if (broadcast_groups(shapes) <= MAX_BROADCAST_GROUPS or
+      any(None in s for s in shapes)):
+    return slices
+  rank = max(len(s) for s in shapes)
+  padded = [[1] * (rank - len(s)) + s for s in shapes]
+  target = [max(sizes) for sizes in zip(*padded)]
+  while broadcast_groups(shapes) > MAX_BROADCAST_GROUPS:
+    # Tile the operand whose tiling leaves the fewest groups.
+    i = min((i for i, s in enumerate(shapes) if s != target),
+            key=lambda i: broadcast_groups(shapes[:i] + [target] +
+                                           shapes[i + 1:]))
+    slices[i] = _tile_to(slices[i], target)
+    shapes[i] = target
+  return slices
+
+
+def broadcast_to(x, shape):
+  """tf.broadcast_to(x, shape) for slice `x` and a static `shape`, also
+  beyond MAX_BROADCAST_GROUPS (see `broadcastable`)."""
+  x_shape = static_shape(x)
+  if (broadcast_groups([x_shape, list(shape)]) <= MAX_BROADCAST_GROUPS or
+      None in x_shape):
+    return tf.broadcast_to(x, shape)
+  return _tile_to(x, list(shape))

@@ -254,8 +254,8 @@ class WhereOperation(graph_lib.Operation):
     shapes = [t.shape for t in self._inputs]
 
     def fn(c, a, b):
-      c, a, b = [tf.broadcast_to(slice_utils.expand_to(t, s, out_shape),
-                                 out_slice_shape)
+      c, a, b = [slice_utils.broadcast_to(
+                     slice_utils.expand_to(t, s, out_shape), out_slice_shape)
                  for t, s in zip((c, a, b), shapes)]
       return tf.where(c, a, b)
 
@@ -315,8 +315,8 @@ class AddNOperation(graph_lib.Operation):
 
       def fn(*slices):
         return tf.add_n([
-            tf.broadcast_to(slice_utils.expand_to(s, shape, out_shape),
-                            out_slice_shape)
+            slice_utils.broadcast_to(
+                slice_utils.expand_to(s, shape, out_shape), out_slice_shape)
             for s, shape in zip(slices, shapes)])
 
       y = impl.slicewise(fn, *inputs)

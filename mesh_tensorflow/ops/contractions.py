@@ -93,11 +93,13 @@ class EinsumOperation(graph_lib.Operation):
       full = shape_lib.Shape(products_order or all_dims)
 
       def fn(*slices):
-        product = None
-        for s, shape in zip(slices, input_shapes):
-          # Some input has full's first dimension: the product has full rank.
-          s = slice_utils.expand_to(s, shape, full, leading_ones=False)
-          product = s if product is None else product * s
+        # Some input has full's first dimension: the product has full rank.
+        slices = slice_utils.broadcastable(
+            [slice_utils.expand_to(s, shape, full, leading_ones=False)
+             for s, shape in zip(slices, input_shapes)])
+        product = slices[0]
+        for s in slices[1:]:
+          product = product * s
         return slice_utils.reduce_to(product, full, intersection)
 
     y = impl.slicewise(fn, *inputs)

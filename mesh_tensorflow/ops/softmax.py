@@ -5,6 +5,8 @@ the tensor forward and as many back): each processor runs TensorFlow's fused
 softmax kernel on its slice, and its gradient y * (dy - sum(y * dy)) is one
 operation too. When the softmax dimension is split over the mesh, the max
 and the sum are combined across it (two small allreduces forward, one back).
+Slices of rank above 5 reach the kernel with their other axes merged
+(`slice_utils.softmax`): oneDNN's Softmax kernel takes at most 5.
 On an attention model's [batch, heads, length, memory] weights this is the
 largest element-wise cost of a training step.
 """
@@ -14,6 +16,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import reduce as reduce_lib
@@ -64,7 +67,7 @@ class SoftmaxOperation(graph_lib.Operation):
     mesh_axes = _split_axis(impl, self._reduced_dim)
     x_lowered = lowering.tensors[x]
     if not mesh_axes:
-      y = impl.slicewise(lambda s: tf.nn.softmax(s, axis=axis), x_lowered)
+      y = impl.slicewise(lambda s: slice_utils.softmax(s, axis), x_lowered)
     else:
       local_max = impl.slicewise(
           lambda s: tf.reduce_max(s, axis=axis, keepdims=True), x_lowered)
