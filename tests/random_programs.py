@@ -5,9 +5,17 @@ mesh and layout it is lowered onto, because every random choice depends on
 the seed and on tensor shapes only. Programs mix element-wise ops,
 broadcasting, einsum, reductions, concat / split / slice / pad / shift,
 stack / unstack, pooling, renames and reshapes, gathers, and while-loop,
-recompute and custom-gradient bodies. `check(seed, mesh_shape, layout, mode)` runs one under a layout and
-compares it with one processor: the answer must agree, or lowering must
-raise an mtf error that names a dimension of the program.
+recompute and custom-gradient bodies. `check(seed, mesh_shape, layout,
+mode)` runs one under a layout and compares it with one processor: the
+answer must agree, or lowering must raise an mtf error that names a
+dimension of the program.
+
+Tensors reach rank MAX_RANK (7): inputs of any rank up to it over seven
+base dimensions, einsum outer products and stacks. That is past the rank
+limits of TensorFlow's kernels (5 for oneDNN's softmax and for the groups
+of a broadcast), which tensors of rank <= 5 never meet. Every operation
+keeps its output within MAX_RANK and MAX_ELEMENTS, so that programs stay
+cheap: base dimensions are mostly of sizes 2 and 4.
 """
 
 import dataclasses
@@ -18,7 +26,10 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from tests import mtf_testing
 
-SIZES = (2, 4, 4, 8, 8, 6)
+SIZES = (2, 2, 4, 4, 8, 6)
+NUM_BASE_DIMS = 7
+MAX_RANK = 7
+MAX_ELEMENTS = 4096
 MESHES = ("all:2", "all:4", "all:8", "r:2;c:2", "r:2;c:4", "r:4;c:2")
 MTF_ERRORS = (mtf.ShapeError, mtf.LayoutError, mtf.IndivisibleError)
 
@@ -63,6 +74,35 @@ class _Builder:
   def pick_dim(self, x):
     return x.shape.dims[self.rng.randint(x.shape.ndims)]
 
+  @staticmethod
+  def fits(dims):
+    """Whether a tensor of `dims` keeps within MAX_RANK and MAX_ELEMENTS."""
+    return (len(dims) <= MAX_RANK and
+            int(np.prod([d.size for d in dims])) <= MAX_ELEMENTS)
+
+  @staticmethod
+  def resized(x, dim, size):
+    """x's dimensions with `dim` of a new size."""
+    return [mtf.Dimension(d.name, size) if d == dim else d
+            for d in x.shape.dims]
+
+  @staticmethod
+  def union(x, y):
+    return list(x.shape.dims) + [d for d in y.shape.dims
+                                 if d not in x.shape.dims]
+
+  def input_dims(self, base):
+    """A random subset of the base dimensions (in their order) of a random
+    rank, as large as fits."""
+    rank = int(self.rng.randint(1, MAX_RANK + 1))
+    while True:
+      for _ in range(4):
+        chosen = sorted(self.rng.choice(len(base), rank, replace=False))
+        dims = [base[i] for i in chosen]
+        if self.fits(dims):
+          return dims
+      rank -= 1
+
   def constant(self, dims, dtype=np.float32, high=None):
     shape = [d.size for d in dims]
     if high is None:
@@ -84,15 +124,16 @@ class _Builder:
             if all(sizes.get(d.name, d.size) == d.size for d in y.shape.dims)]
 
   def binary(self, x):
-    y = self.pick(self.compatible(x))
+    y = self.pick([y for y in self.compatible(x)
+                   if self.fits(self.union(x, y))])
     fns = [mtf.add, mtf.sub, mtf.multiply, mtf.maximum]
     return fns[self.rng.randint(len(fns))](x, y)
 
   def einsum(self, x):
     y = self.pick(self.compatible(x))
-    union = list(x.shape.dims) + [d for d in y.shape.dims
-                                  if d not in x.shape.dims]
-    keep = [d for d in union if self.rng.rand() < 0.6]
+    keep = [d for d in self.union(x, y) if self.rng.rand() < 0.6]
+    while not self.fits(keep):
+      keep.pop(self.rng.randint(len(keep)))
     order = self.rng.permutation(len(keep))
     return mtf.einsum([x, y], output_shape=mtf.Shape([keep[i] for i in order]))
 
@@ -117,6 +158,8 @@ class _Builder:
     if not x.shape.ndims:
       return None
     dim = self.pick_dim(x)
+    if not self.fits(self.resized(x, dim, 2 * dim.size)):
+      return None
     return mtf.concat([x, mtf.tanh(x)], dim.name)
 
   def split(self, x):
@@ -140,8 +183,10 @@ class _Builder:
     if not x.shape.ndims:
       return None
     dim = self.pick_dim(x)
-    return mtf.pad(x, [int(self.rng.randint(3)), int(self.rng.randint(3))],
-                   dim.name)
+    before, after = int(self.rng.randint(3)), int(self.rng.randint(3))
+    if not self.fits(self.resized(x, dim, dim.size + before + after)):
+      return None
+    return mtf.pad(x, [before, after], dim.name)
 
   def shift(self, x):
     if not x.shape.ndims:
@@ -164,7 +209,7 @@ class _Builder:
       new_dims = dims[:i] + [merged] + dims[i + 2:]
     else:
       even = [i for i, d in enumerate(dims) if d.size % 2 == 0]
-      if not even:
+      if not even or len(dims) >= MAX_RANK:
         return None
       i = even[self.rng.randint(len(even))]
       halves = [mtf.Dimension(self.new_name("s"), 2),
@@ -177,6 +222,8 @@ class _Builder:
       return None
     dim = self.pick_dim(x)
     index_dim = mtf.Dimension(self.new_name("g"), int(self.rng.choice([2, 4])))
+    if not self.fits(self.resized(x, dim, index_dim.size)):
+      return None
     indices = self.constant([index_dim], np.int32, high=dim.size)
     return mtf.gather(x, indices, dim)
 
@@ -187,6 +234,8 @@ class _Builder:
 
   def stack(self, x):
     count = int(self.rng.choice([2, 4]))
+    if not self.fits(list(x.shape.dims) + [mtf.Dimension("k", count)]):
+      return None
     parts = [x, mtf.tanh(x), x * 1.5, mtf.negative(x)][:count]
     axis = int(self.rng.randint(x.shape.ndims + 1))
     return mtf.stack(parts, self.new_name("k"), axis=axis)
@@ -314,13 +363,11 @@ def _back_to_shape(y, shape):
 def build(seed, mesh, num_ops=None):
   """Builds the program of `seed` on `mesh`; returns a Program."""
   b = _Builder(seed, mesh)
-  base = [mtf.Dimension(f"d{i}", int(b.rng.choice(SIZES))) for i in range(4)]
+  base = [mtf.Dimension(f"d{i}", int(b.rng.choice(SIZES)))
+          for i in range(NUM_BASE_DIMS)]
   b.dim_names.update(d.name for d in base)
-  inputs = []
-  for _ in range(int(b.rng.randint(1, 4))):
-    rank = int(b.rng.randint(1, 4))
-    dims = [base[i] for i in sorted(b.rng.choice(4, rank, replace=False))]
-    inputs.append(b.constant(dims))
+  inputs = [b.constant(b.input_dims(base))
+            for _ in range(int(b.rng.randint(1, 4)))]
   b.values = list(inputs)
   for _ in range(num_ops or int(b.rng.randint(3, 9))):
     op = _ALL[b.rng.randint(len(_ALL))]
@@ -365,19 +412,30 @@ def dimension_names(seed, num_ops=None):
   return build(seed, mtf.Mesh(graph, "mesh"), num_ops).dim_names
 
 
-def dimension_sizes(seed, num_ops=None):
-  """{dimension name: set of its sizes} over the program's tensors."""
+def _tensor_shapes(seed, num_ops=None):
+  """The shapes of the program's tensors, those of bodies included."""
   graph = mtf.Graph()
   build(seed, mtf.Mesh(graph, "mesh"), num_ops)
-  sizes = {}
   operations = list(graph.operations)
   while operations:
     op = operations.pop()
     operations.extend(getattr(op, "internal_operations", []))
     for t in op.outputs:
-      for d in t.shape.dims:
-        sizes.setdefault(d.name, set()).add(d.size)
+      yield t.shape
+
+
+def dimension_sizes(seed, num_ops=None):
+  """{dimension name: set of its sizes} over the program's tensors."""
+  sizes = {}
+  for shape in _tensor_shapes(seed, num_ops):
+    for d in shape.dims:
+      sizes.setdefault(d.name, set()).add(d.size)
   return sizes
+
+
+def max_rank(seed, num_ops=None):
+  """The largest rank among the program's tensors."""
+  return max(shape.ndims for shape in _tensor_shapes(seed, num_ops))
 
 
 def random_layout(rng, mesh_shape, dim_sizes):
@@ -419,6 +477,9 @@ def check(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
     want = run(seed, "all:1", "", "eager", num_ops)
   except MTF_ERRORS:
     return "invalid"
+  except Exception as e:  # pylint: disable=broad-except
+    raise AssertionError(f"{where}: {type(e).__name__} on one processor: "
+                         f"{e}") from e
   try:
     got = run(seed, mesh_shape, layout, mode, num_ops)
   except MTF_ERRORS as e:
