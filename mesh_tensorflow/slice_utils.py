@@ -8,6 +8,10 @@ every lowering reads a slice's shape through it and gets Python ints. Under
 `tf.compat.v1.disable_v2_behavior()` (or `disable_v2_tensorshape()`), which
 programs written for TensorFlow 1 call, `tf.Tensor.shape[i]` is a v1
 `Dimension`, which neither arithmetic with ints nor `tf.slice` accepts.
+
+The guards at the end (`softmax`, `broadcastable`, `broadcast_to`) keep what
+reaches TensorFlow within its kernels' rank limits, with oneDNN on or off
+(docs/kernel_limits.md; tools/kernel_rank_audit.py checks them all).
 """
 
 import tensorflow as tf
@@ -92,9 +96,10 @@ def reduce_to(x, old_shape, new_shape, reduce_fn=tf.reduce_sum):
 # wherever TF_ENABLE_ONEDNN_OPTS=1), aborts on more than 5 dimensions:
 # "Input dims must be <= 5 and >=1".
 MAX_SOFTMAX_RANK = 5
-# TensorFlow's broadcasting kernels (the binary element-wise ops, SelectV2,
-# BroadcastTo), with oneDNN on or off, first merge neighbouring axes that
-# broadcast alike and then handle at most 5 of the resulting groups:
+# TensorFlow's broadcasting kernels (the binary element-wise ops and
+# BroadcastTo; SelectV2 takes 8), with oneDNN on or off, first merge
+# neighbouring axes that broadcast alike and then handle at most 5 of the
+# resulting groups:
 # "Broadcast between [2,1,2,1,2,1] and [1,2,1,2,1,2] is not supported yet."
 MAX_BROADCAST_GROUPS = 5
 

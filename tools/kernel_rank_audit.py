@@ -227,7 +227,7 @@ def _broadcast_binary():
   def guarded(fn):
     return lambda *xs: fn(*slice_utils.broadcastable(xs))
 
-  full = lambda r: _sizes(r)
+  full = _sizes
   cases = {name: _alternating_case(guarded(fn), fn) for name, fn in [
       ("add", tf.add), ("multiply", tf.multiply), ("maximum", tf.maximum),
       ("pow", lambda x, y: tf.pow(tf.abs(x) + 0.5, y)),
@@ -541,7 +541,7 @@ def _mtf_program(build, names, layout):
 def _mtf_programs():
   """Small mtf programs on x[d0, ..., d(r-1)], lowered on one and on two
   processors (d0, of size 4, split), with mtf.gradients."""
-  extra_sizes = {"m": 3, "v": 2, "o": 2, "fh": 2, "fw": 2}
+  extra_sizes = {"m": 3, "v": 2, "o": 2, "fd": 2, "fh": 2, "fw": 2}
 
   def program(build, *extra):
     """build(d, x, *more) -> mtf Tensor, where d maps names to Dimensions
@@ -621,9 +621,17 @@ def _mtf_programs():
           x, mtf.constant(x.mesh, 1, mtf.Shape([d["o"]]), tf.int32),
           x.shape.dims[2])),
       "reshape_transpose": program(reshape_transpose),
+      # Convolutions and pooling merge the batch axes into one (4 or 5
+      # axes reach the kernels, forward and backward).
       "conv2d_max_pool2d": program(lambda d, x, w: mtf.max_pool2d(
           mtf.conv2d(x, w, [1, 1], "SAME"), (1, 1)),
                                    lambda r: ["fh", "fw", f"d{r - 1}", "o"]),
+      "conv3d_avg_pool3d": program(lambda d, x, w: mtf.avg_pool3d(
+          mtf.conv3d(x, w, [1, 1, 1], "SAME"), (1, 1, 1)),
+                                   lambda r: ["fd", "fh", "fw", f"d{r - 1}",
+                                              "o"]),
+      "conv2d_transpose": program(lambda d, x, w: mtf.conv2d_transpose(
+          x, w, [1, 1], "SAME"), lambda r: ["fh", "fw", "o", f"d{r - 1}"]),
   }
 
 
