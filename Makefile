@@ -1,4 +1,6 @@
-# make test  : run the test suite (creates .venv on first use)
+# make test  : run the test suite (creates .venv on first use) with oneDNN's
+#              kernels on, then the tests of rank-limited kernels again with
+#              them off (ONEDNN=0 swaps the two settings)
 # make demo  : train, evaluate, decode and export a Transformer on the embedded
 #              addition task through the binary, on 8 logical CPUs, then serve
 #              the SavedModel
@@ -28,8 +30,25 @@ $(T5_STAMP): $(STAMP) $(T5_CLIENT)
 	$(PY) -m pip install --quiet --no-deps -r $(T5_CLIENT)
 	touch $(T5_STAMP)
 
+# TensorFlow picks its CPU kernels by the CPU: oneDNN's are on by default on
+# AVX-512 servers and off elsewhere, with other limits (softmax rank <= 5)
+# and summation orders. The whole suite runs in one setting (on by default:
+# the stricter one, and what most servers run) and these tests, which cover
+# the rank-limited kernels, 2-D local attention and a pipelined binary run,
+# in the other.
+ONEDNN ?= 1
+ONEDNN_OTHER := $(if $(filter 0,$(ONEDNN)),1,0)
+BOTH_SETTINGS_TESTS := \
+	tests/ops/test_high_rank.py \
+	tests/test_local_attention_layers.py \
+	tests/transformer/test_funnel_transformer.py \
+	"tests/test_random_programs.py::test_random_programs_agree_with_one_processor[0]" \
+	tests/transformer/test_pipelined_run_modes.py::test_perplexity_eval_is_the_plain_models
+PYTEST := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q
+
 test: $(STAMP) $(T5_STAMP)
-	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q --durations=25 tests
+	TF_ENABLE_ONEDNN_OPTS=$(ONEDNN) $(PYTEST) --durations=25 tests
+	TF_ENABLE_ONEDNN_OPTS=$(ONEDNN_OTHER) $(PYTEST) $(BOTH_SETTINGS_TESTS)
 
 demo: $(STAMP)
 	$(PY) examples/transformer_demo.py
