@@ -49,7 +49,7 @@ COVERAGE = {
     "dataset.untokenized_tfds_dataset.dataset_name = 'lm1b'": [
         f"{BINARY}::test_language_model_from_tfds"],
     "dataset.simple_text_line_dataset.glob = '/data/train.tsv'": [
-        f"{BINARY}::test_tsv_file"],
+        f"{BINARY}::test_tsv_file_seeded_then_sharded"],
     "rules = mtf.auto_mtf.layout(graph, \"b:2;m:4\", [loss])": [
         f"{PROGRAMS}::test_auto_mtf_fragment_searches_and_caches"],
     "mtf.shard_data_parallel(mesh, mesh_shape, layout_rules)  # ZeRO-1/2": [
@@ -71,14 +71,17 @@ COVERAGE = {
 # "not run: <why>".
 INLINE_COVERAGE = {
     "--gin_param=\"utils.run.layout_rules = 'auto'\"": [
-        f"{BINARY}::test_auto_layout_of_the_given_mesh"],
+        f"{BINARY}::test_auto_mesh_shape_and_layout"],
     "--gin_param=\"utils.run.mesh_shape = 'auto'\"": [
         f"{BINARY}::test_auto_mesh_shape_and_layout"],
     "utils.run.shard_weight_update = True": [
-        f"{BINARY}::test_sharded_weight_updates_then_parameters"],
+        f"{BINARY}::test_tsv_file_seeded_then_sharded"],
     "utils.run.shard_parameters = True": [
-        f"{BINARY}::test_sharded_weight_updates_then_parameters"],
-    "--gin_param=\"utils.run.seed = 1\"": [f"{BINARY}::test_tsv_file"],
+        f"{BINARY}::test_tsv_file_seeded_then_sharded"],
+    "--gin_param=\"utils.run.seed = 1\"": [
+        f"{BINARY}::test_tsv_file_seeded_then_sharded",
+        "tests/transformer/test_seeded_run.py::"
+        "test_seeded_runs_repeat_their_losses_step_for_step"],
     "python -m mesh_tensorflow.auto_mtf.calibration --mesh_shape 'b:2;m:4'": [
         f"{PROGRAMS}::test_auto_mtf_fragment_searches_and_caches"],
     "utils.run.eval_checkpoint_step = \"latest\"": [

@@ -194,26 +194,34 @@ def test_make_demo(tmp_path):
 # ------------------------------------------------------------ other data
 
 
-def test_tsv_file(tmp_path):
-  """The TSV lines (shuffled), twice with the README's seed: the same
-  losses."""
+def test_tsv_file_seeded_then_sharded(tmp_path):
+  """The README's TSV lines with its seed and `utils.run.shard_weight_update
+  = True` for 10 steps, then continued to 20 with `utils.run.
+  shard_parameters = True` (sharded and unsharded checkpoints restore each
+  other). Orthogonal settings share runs to save the suite's time; that two
+  seeded runs repeat their losses is tests/transformer/test_seeded_run.py's
+  test."""
   (tmp_path / "data").mkdir()
   (tmp_path / "data" / "train.tsv").write_text(
       "".join(f"{a}+{b}\t{a + b}\n" for a in range(10) for b in range(10)))
-  flags = _flags("dataset.simple_text_line_dataset.glob = '/data/train.tsv'",
-                 tmp_path)
-  seed = [s for s in readme_testing.inline_binary_settings()
-          if "utils.run.seed" in s]
-  assert seed == ['--gin_param="utils.run.seed = 1"'], seed
-  losses = []
-  for run in (1, 2):
-    result = _binary(tmp_path, *flags, *shlex.split(seed[0]),
-                     f"--model_dir={tmp_path / f'model{run}'}")
-    losses.append(_progress(result.stderr))
-  assert [s for s, _ in losses[0]] == [10, 20]
-  assert losses[0] == losses[1]
-  assert "packed_parallel_tsv_dataset" in (
-      tmp_path / "model1" / "operative_config.gin").read_text()
+  tsv = _flags("dataset.simple_text_line_dataset.glob = '/data/train.tsv'",
+               tmp_path)
+  (seed,) = [s for s in readme_testing.inline_binary_settings()
+             if "utils.run.seed" in s]
+  first = _binary(tmp_path, *tsv, *shlex.split(seed),
+                  "--gin_param=utils.run.shard_weight_update = True",
+                  "--gin_param=utils.run.train_steps=10")
+  config = (tmp_path / "model" / "operative_config.gin").read_text()
+  assert "packed_parallel_tsv_dataset" in config
+  assert "\nrun.seed = 1\n" in config
+  assert "\nrun.shard_weight_update = True\n" in config
+  second = _binary(tmp_path, *tsv,
+                   "--gin_param=utils.run.shard_parameters = True")
+  config = (tmp_path / "model" / "operative_config.gin").read_text()
+  assert "\nrun.shard_parameters = True\n" in config
+  assert _progress(first.stderr)[-1][0] == 10
+  assert _progress(second.stderr)[-1][0] == 20
+  assert _checkpoint_step(tmp_path / "model") == 20
 
 
 def test_translation_from_tfds_with_sentencepiece(tmp_path):
@@ -241,27 +249,32 @@ def test_language_model_from_tfds(tmp_path):
 
 
 def test_pipelined_bitransformer_gin_lines(tmp_path):
-  """The README's PipelinedLayerStack lines as a gin file (and again with
-  the option it offers instead of recompute_grads, continuing the run):
-  an encoder-decoder of 4 layers per stack, 1 per stage; batch 32 for 16
-  micro-batches of 2 sequences, split over batch:2."""
+  """The README's PipelinedLayerStack lines as a gin file, then the run
+  continued with the option they offer instead of recompute_grads: an
+  encoder-decoder of 4 layers per stack, 1 per stage.
+
+  Besides SMALL, one override: 4 micro-batches, not 16. With 16 (and a
+  batch of 32 sequences, 2 per micro-batch and processor) the 19
+  pipeline iterations of both stacks on 8 logical CPUs take about three
+  CPU-minutes to trace and compile; with 4, 7 iterations show the same
+  lines at work.
+  """
   lines = block("transformer.PipelinedLayerStack.num_microbatches = 16")
   batched = replace_once(
       lines, "transformer.PipelinedLayerStack.recompute_grads = True", "#")
   batched = replace_once(
       batched, "# transformer.PipelinedLayerStack.batch_weight_gradients",
       "transformer.PipelinedLayerStack.batch_weight_gradients")
-  pipeline_size = ["--gin_param=num_layers=4",
-                   '--gin_param=utils.run.batch_size=("sequences_per_batch",'
-                   '32)']
-  for name, text, steps in (("pipeline.gin", lines, 10),
-                            ("batched.gin", batched, 20)):
+  small = ["--gin_param=num_layers=4",
+           "--gin_param=transformer.PipelinedLayerStack.num_microbatches=4",
+           "--gin_param=utils.run.iterations_per_loop=1"]
+  for name, text, steps in (("pipeline.gin", lines, 2),
+                            ("batched.gin", batched, 3)):
     (tmp_path / name).write_text(text)
-    result = _binary(tmp_path, f"--gin_file={tmp_path / name}",
-                     *pipeline_size, "--gin_param=utils.run.iterations_per_"
-                     "loop=5", f"--gin_param=utils.run.train_steps={steps}")
+    result = _binary(tmp_path, f"--gin_file={tmp_path / name}", *small,
+                     f"--gin_param=utils.run.train_steps={steps}")
     assert _progress(result.stderr)[-1][0] == steps
-    assert "Shape[stage=4, batch=2]" in result.stderr
+    assert "mesh_shape=Shape[stage=4, batch=2]" in result.stderr
   config = (tmp_path / "model" / "operative_config.gin").read_text()
   assert "PipelinedLayerStack.batch_weight_gradients = True" in config
   names = tf.train.load_checkpoint(str(tmp_path / "model")) \
@@ -269,23 +282,6 @@ def test_pipelined_bitransformer_gin_lines(tmp_path):
   # Each layer keeps its own name in the checkpoint.
   assert "decoder/block_003/layer_002/DenseReluDense/wi/kernel" in names, (
       sorted(names))
-
-
-def test_sharded_weight_updates_then_parameters(tmp_path):
-  """`utils.run.shard_weight_update = True`, then the run continued with
-  `utils.run.shard_parameters = True`: each is in the operative config,
-  and the second restores the first's checkpoint."""
-  first = _binary(tmp_path,
-                  "--gin_param=utils.run.shard_weight_update = True",
-                  "--gin_param=utils.run.train_steps=10")
-  config = (tmp_path / "model" / "operative_config.gin").read_text()
-  assert "utils.run.shard_weight_update = True" in config
-  second = _binary(tmp_path, "--gin_param=utils.run.shard_parameters = True")
-  config = (tmp_path / "model" / "operative_config.gin").read_text()
-  assert "utils.run.shard_parameters = True" in config
-  assert _progress(first.stderr)[-1][0] == 10
-  assert _progress(second.stderr)[-1][0] == 20
-  assert _checkpoint_step(tmp_path / "model") == 20
 
 
 # ----------------------------------------------------------- auto layout
@@ -296,31 +292,26 @@ def _auto_choice(stdout):
   return line
 
 
-def test_auto_layout_of_the_given_mesh(tmp_path):
-  """layout_rules 'auto' on the README's mesh (batch:2,model:4) with the
-  default objective: this machine is measured first (an empty cache)."""
-  result = _binary(tmp_path, "--gin_param=utils.run.layout_rules = 'auto'")
-  line = _auto_choice(result.stdout)
-  assert line.startswith("auto layout (time): "), line
-  assert "utils.run.mesh_shape = 'batch:2;model:4'" in line, line
-  rules = re.search(r"utils.run.layout_rules = '([^']*)'", line).group(1)
-  config = (tmp_path / "model" / "operative_config.gin").read_text()
-  assert f"utils.run.layout_rules = '{rules}'" in config
-  assert _progress(result.stderr)[-1][0] == 20
-  cached = list(readme_testing.auto_mtf_cache(tmp_path).glob("machine_*"))
-  assert len(cached) == 1, cached
-
-
 def test_auto_mesh_shape_and_layout(tmp_path):
-  """mesh_shape and layout_rules 'auto' with 4 mesh devices (the README's
-  advice on a CPU-only machine)."""
+  """mesh_shape and layout_rules 'auto' (the README's two settings in one
+  run), on 4 mesh devices as the README advises on a CPU-only machine,
+  with the default objective: the machine is measured first, into an
+  empty ~/.cache."""
   result = _binary(
       tmp_path, "--gin_param=utils.run.mesh_shape = 'auto'",
       "--gin_param=utils.run.layout_rules = 'auto'",
-      "--gin_param=utils.run.mesh_devices = ['/cpu:0', '/cpu:0', '/cpu:0', '/cpu:0']")
-  line = _auto_choice(result.stdout)
+      "--gin_param=utils.run.mesh_devices = "
+      "['/cpu:0', '/cpu:0', '/cpu:0', '/cpu:0']")
+  (line,) = [l for l in result.stdout.splitlines()
+             if l.startswith("auto layout")]
+  assert line.startswith("auto layout (time): "), line
   mesh = re.search(r"utils.run.mesh_shape = '([^']*)'", line).group(1)
+  rules = re.search(r"utils.run.layout_rules = '([^']*)'", line).group(1)
   assert mesh in ("mesh_0:4", "mesh_0:2;mesh_1:2"), line
+  # The choice is in the operative config, so that a rerun repeats it.
   config = (tmp_path / "model" / "operative_config.gin").read_text()
-  assert f"utils.run.mesh_shape = '{mesh}'" in config
+  assert f"\nrun.mesh_shape = '{mesh}'\n" in config
+  assert f"\nrun.layout_rules = '{rules}'\n" in config
   assert _progress(result.stderr)[-1][0] == 20
+  cached = list(readme_testing.auto_mtf_cache(tmp_path).glob("machine_*"))
+  assert len(cached) == 2, cached  # One per mesh shape searched.
