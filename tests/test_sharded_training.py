@@ -5,6 +5,11 @@ An MLP stack is trained 20 steps by every optimizer of mtf.optimize at once
 sharding, under 8-processor meshes and both mesh implementations; every
 weight and every optimizer slot must agree with unsharded training. The
 tiny Transformer LM is checked the same way with Adafactor and Adam.
+
+The unsharded reference of a mesh and layout is trained once per pytest
+run (the `shared_result` fixture), on PlacementMeshImpl in tf.function:
+the sharded runs of both mesh implementations must agree with it, so a
+SIMD run is checked against the other implementation's numbers too.
 """
 
 import numpy as np
@@ -22,16 +27,13 @@ mlp_loss = sharding_training.mlp_loss
 D_IN, D_FF = sharding_training.D_IN, sharding_training.D_FF
 
 
-_REFERENCE = {}
-
-
-def _reference(mesh_shape, layout, impl_mode):
-  key = (mesh_shape, layout, impl_mode)
-  if key not in _REFERENCE:
-    _REFERENCE[key] = sharding_training.train_variables(
-        mlp_loss, make_optimizers, mesh_shape, layout, impl_mode, "none",
-        STEPS)[0]
-  return _REFERENCE[key]
+def _reference(shared_result, make_loss, optimizers, mesh_shape, layout):
+  """The unsharded training of `make_loss` on the mesh and layout."""
+  name = getattr(make_loss, "__name__", "loss").strip("_")
+  key = f"sharded_training_{name}_{mesh_shape}_{layout}".replace(";", "-")
+  return shared_result(key, lambda: sharding_training.train_variables(
+      make_loss, optimizers, mesh_shape, layout, "function", "none",
+      STEPS)[0])
 
 
 def _mlp_cases():
@@ -55,8 +57,10 @@ def _mlp_cases():
 @pytest.mark.parametrize("mesh_shape,layout,impl_mode,sharding",
                          list(_mlp_cases()))
 def test_mlp_trains_to_the_same_weights_and_slots(mesh_shape, layout,
-                                                  impl_mode, sharding):
-  want = _reference(mesh_shape, layout, impl_mode)
+                                                  impl_mode, sharding,
+                                                  shared_result):
+  want = _reference(shared_result, mlp_loss, make_optimizers, mesh_shape,
+                    layout)
   got, counters, slice_shapes = sharding_training.train_variables(
       mlp_loss, make_optimizers, mesh_shape, layout, impl_mode, sharding,
       STEPS)
@@ -110,14 +114,12 @@ _LM_2D = "batch:batch;d_ff:model;heads:model;vocab:model"
                  id="b2m4-parameters"),
 ])
 def test_tiny_transformer_trains_to_the_same_variables(mesh_shape, layout,
-                                                       sharding):
-  key = ("lm", mesh_shape, layout)
-  if key not in _REFERENCE:
-    _REFERENCE[key] = sharding_training.train_variables(
-        _lm_loss, _lm_optimizers, mesh_shape, layout, "function", "none",
-        STEPS)[0]
+                                                       sharding,
+                                                       shared_result):
+  want = _reference(shared_result, _lm_loss, _lm_optimizers, mesh_shape,
+                    layout)
   got = sharding_training.train_variables(
       _lm_loss, _lm_optimizers, mesh_shape, layout, "function", sharding,
       STEPS)[0]
   sharding_training.assert_same_values(
-      got, _REFERENCE[key], f"LM, {sharding} on {mesh_shape}")
+      got, want, f"LM, {sharding} on {mesh_shape}")
