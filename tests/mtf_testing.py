@@ -393,6 +393,71 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
   return result
 
 
+def check_ops(cases, mesh_shape, layout, mode, **kwargs):
+  """check_op of several independent programs in one lowering and run.
+
+  A check_op call costs mostly per call (a SIMD or tf.function program is
+  traced, optimized and placed once per call), so a test of a table of
+  ops under one layout and mode checks them together: each case is
+  checked exactly as check_op would check it alone (its outputs against
+  NumPy, replicas agreeing, gradients of its float inputs when it has a
+  float output against central differences of its own reference), and a
+  failure names the case in the output or gradient it reports.
+
+  Args:
+    cases: dict case name -> (build_fn, np_fn, inputs), check_op's
+      arguments; its tensors and outputs are named "<case>__<name>".
+    mesh_shape, layout, mode: as for check_op.
+    **kwargs: check_op's tolerances, shared by every case.
+  """
+  merged_inputs = {}
+  grad_wrt = []
+  for case, (_, np_fn, inputs) in cases.items():
+    arrays = {k: v[0] for k, v in inputs.items()}
+    has_float_output = any(
+        np.issubdtype(np.asarray(v).dtype, np.floating)
+        for v in np_fn(**arrays).values())
+    for name, value in inputs.items():
+      merged_inputs[f"{case}__{name}"] = value
+      if has_float_output and np.issubdtype(np.asarray(value[0]).dtype,
+                                            np.floating):
+        grad_wrt.append(f"{case}__{name}")
+
+  def split(values, case):
+    prefix = f"{case}__"
+    return {k[len(prefix):]: v for k, v in values.items()
+            if k.startswith(prefix)}
+
+  def build(mesh, tensors):
+    outputs = {}
+    for case, (build_fn, _, _) in cases.items():
+      got = build_fn(mesh, split(tensors, case))
+      outputs.update({f"{case}__{k}": v for k, v in got.items()})
+    return outputs
+
+  def reference(**arrays):
+    outputs = {}
+    for case, (_, np_fn, _) in cases.items():
+      got = np_fn(**split(arrays, case))
+      outputs.update({f"{case}__{k}": v for k, v in got.items()})
+    return outputs
+
+  def grad_reference(cotangents, **arrays):
+    # Per case, so each case's differences perturb its own reference only
+    # (and hit numeric_gradients' memo of that case).
+    grads = {}
+    for case, (_, np_fn, _) in cases.items():
+      wrt = [k for k in split({w: w for w in grad_wrt}, case)]
+      if wrt:
+        got = numeric_gradients(np_fn, split(arrays, case),
+                                split(cotangents, case), wrt)
+        grads.update({f"{case}__{k}": v for k, v in got.items()})
+    return grads
+
+  return check_op(build, reference, merged_inputs, mesh_shape, layout, mode,
+                  grad_wrt=grad_wrt, np_grad_fn=grad_reference, **kwargs)
+
+
 def assert_replicas_agree(slices, begins, what):
   """Slices at the same position of the full tensor must be identical."""
   first = {}

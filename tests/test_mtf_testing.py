@@ -91,3 +91,37 @@ def test_mesh_layout_mode_params_traces_on_the_first_2d_mesh():
       layouts[:2], modes=("eager", "graph"))]
   assert ids == ["all:1-none-eager", "all:1-none-graph",
                  "all:8-h:all-eager", "all:8-h:all-graph"]
+
+
+def _check_ops_cases(wrong_value=False, wrong_gradient=False):
+  """Two cases for check_ops: a float op with gradients and a comparison
+  of float inputs (values only), one of them optionally wrong."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+  ab = ["a", "b"]
+  square = (
+      (lambda mesh, t: {"y": t["x"] * mtf.stop_gradient(t["x"])})
+      if wrong_gradient else (lambda mesh, t: {"y": t["x"] * t["x"]}))
+  return {
+      "square": (square, lambda x: {"y": x * x}, {"x": (x, ab)}),
+      "less": (lambda mesh, t: {"y": mtf.less(t["x"], t["z"])},
+               lambda x, z: {"y": (x < z) ^ wrong_value},
+               {"x": (x, ab), "z": (x[:, ::-1].copy(), ab)}),
+  }
+
+
+def test_check_ops_checks_each_case_as_if_alone():
+  """Values and gradients per case; a case without float outputs gets no
+  gradient check (its float inputs have no gradient)."""
+  mtf_testing.check_ops(_check_ops_cases(), "all:2", "a:all", "eager")
+
+
+@pytest.mark.parametrize("wrong,message", [
+    ("value", "output 'less__y'"),
+    ("gradient", "gradient of 'square__x'"),
+])
+def test_check_ops_names_the_failing_case(wrong, message):
+  cases = _check_ops_cases(wrong_value=(wrong == "value"),
+                           wrong_gradient=(wrong == "gradient"))
+  with pytest.raises(AssertionError, match=message):
+    mtf_testing.check_ops(cases, "all:2", "a:all", "eager")

@@ -180,48 +180,49 @@ WHERE = {
 }
 
 
-def _check(case, mesh_shape, layout, mode):
-  mtf_fn, np_fn, inputs = case
-  names = list(inputs)
-  mtf_testing.check_op(
-      lambda mesh, t: {"y": mtf_fn(*[t[n] for n in names])},
-      lambda **arrays: {"y": np_fn(*[arrays[n] for n in names])},
-      inputs, mesh_shape, layout, mode)
+def _check(table, mesh_shape, layout, mode):
+  """Every case of `table` under one layout and mode, in one program (see
+  mtf_testing.check_ops: each case is checked as if alone)."""
+  cases = {}
+  for name, (mtf_fn, np_fn, inputs) in table.items():
+    names = list(inputs)
+    cases[name] = (
+        lambda mesh, t, fn=mtf_fn, names=names: {
+            "y": fn(*[t[n] for n in names])},
+        lambda fn=np_fn, names=names, **arrays: {
+            "y": fn(*[arrays[n] for n in names])},
+        inputs)
+  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("op_name", sorted(FLOAT_BINARY))
 @pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
-def test_float_binary(op_name, mesh_shape, layout, mode):
+def test_float_binary(mesh_shape, layout, mode):
   """Values and gradients of the float element-wise binary ops."""
-  _check(FLOAT_BINARY[op_name], mesh_shape, layout, mode)
+  _check(FLOAT_BINARY, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("op_name", sorted(NO_GRAD_BINARY))
 @pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
-def test_no_grad_binary(op_name, mesh_shape, layout, mode):
+def test_no_grad_binary(mesh_shape, layout, mode):
   """Comparisons, logical ops and integer floordiv/mod."""
-  _check(NO_GRAD_BINARY[op_name], mesh_shape, layout, mode)
+  _check(NO_GRAD_BINARY, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("op_name", sorted(OPERATORS))
 @pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)
-def test_operators(op_name, mesh_shape, layout, mode):
+def test_operators(mesh_shape, layout, mode):
   """Python operators on Tensors and scalars, reflected forms included."""
-  _check(OPERATORS[op_name], mesh_shape, layout, mode)
+  _check(OPERATORS, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("op_name", sorted(BROADCAST))
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
-def test_broadcast(op_name, mesh_shape, layout, mode):
+def test_broadcast(mesh_shape, layout, mode):
   """Operands are lined up by dimension name, not position."""
-  _check(BROADCAST[op_name], mesh_shape, layout, mode)
+  _check(BROADCAST, mesh_shape, layout, mode)
 
 
-@pytest.mark.parametrize("op_name", sorted(WHERE))
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
-def test_where(op_name, mesh_shape, layout, mode):
+def test_where(mesh_shape, layout, mode):
   """where with tensor and scalar branches; gradients flow to x and y."""
-  _check(WHERE[op_name], mesh_shape, layout, mode)
+  _check(WHERE, mesh_shape, layout, mode)
 
 
 @pytest.mark.parametrize("x_names,y_names,want", [

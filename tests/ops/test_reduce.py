@@ -69,15 +69,17 @@ FLOAT_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(FLOAT_CASES))
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
-def test_reduce(case, mesh_shape, layout, mode):
-  """reduce_sum/mean/max/min: values and gradients."""
-  mtf_fn, kwargs, np_fn = FLOAT_CASES[case]
-  mtf_testing.check_op(
-      lambda mesh, t: {"y": mtf_fn(t["x"], **kwargs())},
-      lambda x: {"y": np_fn(x)},
-      {"x": (X, ABC)}, mesh_shape, layout, mode)
+def test_reduce(mesh_shape, layout, mode):
+  """reduce_sum/mean/max/min: values and gradients (every case in one
+  program; mtf_testing.check_ops checks each as if alone)."""
+  mtf_testing.check_ops(
+      {case: (lambda mesh, t, fn=mtf_fn, kwargs=kwargs: {
+          "y": fn(t["x"], **kwargs())},
+              lambda x, np_fn=np_fn: {"y": np_fn(x)},
+              {"x": (X, ABC)})
+       for case, (mtf_fn, kwargs, np_fn) in sorted(FLOAT_CASES.items())},
+      mesh_shape, layout, mode)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
@@ -149,16 +151,21 @@ SOFTMAX_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(SOFTMAX_CASES))
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
-def test_softmax(case, mesh_shape, layout, mode):
-  """reduce_logsumexp (with and without extra_logit), softmax, log_softmax."""
-  mtf_fn, np_fn, inputs = SOFTMAX_CASES[case]
-  names = list(inputs)
-  mtf_testing.check_op(
-      lambda mesh, t: {"y": mtf_fn(*[t[n] for n in names])},
-      lambda **arrays: {"y": np_fn(*[arrays[n] for n in names])},
-      inputs, mesh_shape, layout, mode)
+def test_softmax(mesh_shape, layout, mode):
+  """reduce_logsumexp (with and without extra_logit), softmax, log_softmax
+  (every case in one program; mtf_testing.check_ops checks each as if
+  alone)."""
+  cases = {}
+  for case, (mtf_fn, np_fn, inputs) in sorted(SOFTMAX_CASES.items()):
+    names = list(inputs)
+    cases[case] = (
+        lambda mesh, t, fn=mtf_fn, names=names: {
+            "y": fn(*[t[n] for n in names])},
+        lambda fn=np_fn, names=names, **arrays: {
+            "y": fn(*[arrays[n] for n in names])},
+        inputs)
+  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
 
 
 def _softmax_grad_of_grad(x, g, h):
