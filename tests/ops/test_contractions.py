@@ -89,17 +89,20 @@ def _np_einsum(equation):
   return fn
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
-def test_einsum(case, mesh_shape, layout, mode):
-  """Values and gradients of einsum against np.einsum."""
-  mtf_fn, equation, inputs = CASES[case]
-  names = [f"x{i}" for i in range(len(inputs))]
-  np_fn = _np_einsum(equation)
-  mtf_testing.check_op(
-      lambda mesh, t: {"y": mtf_fn(*[t[n] for n in names])},
-      lambda **arrays: {"y": np_fn(*[arrays[n] for n in names])},
-      dict(zip(names, inputs)), mesh_shape, layout, mode)
+def test_einsum(mesh_shape, layout, mode):
+  """Values and gradients of einsum against np.einsum (every case in one
+  program; mtf_testing.check_ops checks each as if alone)."""
+  cases = {}
+  for case, (mtf_fn, equation, inputs) in sorted(CASES.items()):
+    names = [f"x{i}" for i in range(len(inputs))]
+    cases[case] = (
+        lambda mesh, t, fn=mtf_fn, names=names: {
+            "y": fn(*[t[n] for n in names])},
+        lambda np_fn=_np_einsum(equation), names=names, **arrays: {
+            "y": np_fn(*[arrays[n] for n in names])},
+        dict(zip(names, inputs)))
+  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
 
 
 @pytest.mark.parametrize("make,want", [
