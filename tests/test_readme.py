@@ -171,8 +171,8 @@ def test_checkpoint_fragment_restores_on_one_device(tmp_path):
   code = block("path = tf.train.Checkpoint(model=impl).save(")
   code = replace_once(
       code, "... # train with a tf.function that lowers onto impl\n",
-      "losses = [float(mlp_step(impl, 0.05)(inputs, targets)) "
-      "for _ in range(5)]\n")
+      "train_step = mlp_step(impl, learning_rate=0.05)\n"
+      "losses = [float(train_step(inputs, targets)) for _ in range(5)]\n")
   code = replace_once(code, '"/tmp/run/ckpt"',
                       repr(str(tmp_path / "run" / "ckpt")))
   checks = """

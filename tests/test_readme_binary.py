@@ -15,6 +15,7 @@ import shlex
 import sys
 
 import numpy as np
+import sentencepiece
 import tensorflow as tf
 
 from tests import readme_testing
@@ -109,7 +110,6 @@ def _eval_metrics(eval_dir, step):
 
 def _sentencepiece_model(folder):
   """A tiny SentencePiece model trained on words like TFDS's mock text."""
-  import sentencepiece  # pylint: disable=g-import-not-at-top
   folder.mkdir(parents=True, exist_ok=True)
   rng = np.random.RandomState(0)
   letters = list("abcdefghij")
@@ -232,6 +232,7 @@ def test_translation_from_tfds_with_sentencepiece(tmp_path):
   assert _progress(result.stderr)[-1][0] == 20
   config = (tmp_path / "model" / "operative_config.gin").read_text()
   assert "'wmt14_translate/de-en'" in config
+  assert f"'{tmp_path / 'data' / 'spm.model'}'" in config
   assert "run.model_type = 'bitransformer'" in config
 
 
@@ -242,10 +243,11 @@ def test_language_model_from_tfds(tmp_path):
                    mock_tfds=True)
   assert _progress(result.stderr)[-1][0] == 20
   config = (tmp_path / "model" / "operative_config.gin").read_text()
+  assert f"'{tmp_path / 'data' / 'spm.model'}'" in config
   assert "run.model_type = 'lm'" in config
 
 
-# ------------------------------------------------------- pipeline, ZeRO
+# ------------------------------------------------------------ pipeline
 
 
 def test_pipelined_bitransformer_gin_lines(tmp_path):
@@ -275,8 +277,12 @@ def test_pipelined_bitransformer_gin_lines(tmp_path):
                      f"--gin_param=utils.run.train_steps={steps}")
     assert _progress(result.stderr)[-1][0] == steps
     assert "mesh_shape=Shape[stage=4, batch=2]" in result.stderr
-  config = (tmp_path / "model" / "operative_config.gin").read_text()
-  assert "PipelinedLayerStack.batch_weight_gradients = True" in config
+    config = (tmp_path / "model" / "operative_config.gin").read_text()
+    option = ("recompute_grads" if name == "pipeline.gin"
+              else "batch_weight_gradients")
+    for stack in ("encoder", "decoder"):  # Both stacks are pipelined.
+      assert f"\n{stack}/PipelinedLayerStack.num_stages = 4\n" in config
+      assert f"\n{stack}/PipelinedLayerStack.{option} = True\n" in config
   names = tf.train.load_checkpoint(str(tmp_path / "model")) \
       .get_variable_to_shape_map()
   # Each layer keeps its own name in the checkpoint.
@@ -285,11 +291,6 @@ def test_pipelined_bitransformer_gin_lines(tmp_path):
 
 
 # ----------------------------------------------------------- auto layout
-
-
-def _auto_choice(stdout):
-  (line,) = [l for l in stdout.splitlines() if l.startswith("auto layout")]
-  return line
 
 
 def test_auto_mesh_shape_and_layout(tmp_path):
