@@ -413,10 +413,12 @@ def moe1d_reference():
   return _run_moe1d("all:1", "", "function")
 
 
+# Every layout in tf.function; graph mode on the 2-D layout and SIMD on a
+# 1-D one (the lowering is the same Python code in every mode: see
+# CONTRIBUTING's op tests).
 @pytest.mark.parametrize("case_id,mesh_shape,layout,mode", [
     case + ("function",) for case in MOE_LAYOUTS] + [
-        case + ("graph",) for case in MOE_LAYOUTS[1:5]] + [
-            MOE_LAYOUTS[0] + ("simd",)])
+        MOE_LAYOUTS[2] + ("graph",), MOE_LAYOUTS[0] + ("simd",)])
 def test_moe1d_same_under_layouts(moe1d_reference, case_id, mesh_shape,
                                   layout, mode):
   got = _run_moe1d(mesh_shape, layout, mode)
