@@ -8,6 +8,7 @@ unsharded names and shapes, so an unsharded run restores it; the switches
 are in the operative config.
 """
 
+import pathlib
 import shutil
 
 import numpy as np
@@ -26,19 +27,25 @@ SHARDED_MESH = ["utils.run.mesh_shape = 'batch:4;model:2'",
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  first = tmp_path_factory.mktemp("first")
-  test_main.run_main(first, *FIRST)
-  sharded = tmp_path_factory.mktemp("sharded")
-  plain = tmp_path_factory.mktemp("plain")
-  for directory in (sharded, plain):
-    shutil.rmtree(directory)
-    shutil.copytree(first, directory)
-  for directory, extra in ((sharded, SHARDED_MESH), (plain, [])):
-    info = directory / "model_info.txt"
-    test_main.run_main(directory, *THEN, *extra,
-                       f"tpu_estimator_model_fn.model_info_file = '{info}'")
-  return {"sharded": sharded, "plain": plain}
+def runs(tmp_path_factory, shared_result):
+  """{"sharded": model dir, "plain": model dir}, trained once per pytest
+  run whichever worker asks first (the tests only read them)."""
+  def train():
+    first = tmp_path_factory.mktemp("first")
+    test_main.run_main(first, *FIRST)
+    sharded = tmp_path_factory.mktemp("sharded")
+    plain = tmp_path_factory.mktemp("plain")
+    for directory in (sharded, plain):
+      shutil.rmtree(directory)
+      shutil.copytree(first, directory)
+    for directory, extra in ((sharded, SHARDED_MESH), (plain, [])):
+      info = directory / "model_info.txt"
+      test_main.run_main(directory, *THEN, *extra,
+                         f"tpu_estimator_model_fn.model_info_file = '{info}'")
+    return {"sharded": str(sharded), "plain": str(plain)}
+
+  return {k: pathlib.Path(v)
+          for k, v in shared_result("transformer_sharded_run", train).items()}
 
 
 def _slice_sizes(directory):
