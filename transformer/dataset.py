@@ -567,6 +567,33 @@ def _tfds_load(**kwargs):
   return tfds.load(**kwargs)
 
 
+def _language_model_features(dataset, info, dataset_name):
+  """A text2self TFDS dataset's examples with their text as "targets".
+
+  Examples that have a "targets" feature pass unchanged, as in the
+  original. Others (lm1b's {"text"}, ...) would reach the model with no
+  targets: their text is the supervised target key of the dataset, or its
+  only string feature.
+  """
+  spec = dataset.element_spec
+  if "targets" in spec:
+    return dataset
+  keys = info.supervised_keys
+  if keys and isinstance(keys[1], str) and keys[1] in spec:
+    key = keys[1]
+  else:
+    texts = [k for k, v in spec.items() if v.dtype == tf.string]
+    if len(texts) != 1:
+      raise ValueError(
+          f"untokenized_tfds_dataset: {dataset_name} has no 'targets' "
+          f"feature and no one text feature to train a language model on "
+          f"(features: {sorted(spec)}). Give a dataset function that "
+          f"returns {{'targets': text}} examples.")
+    key = texts[0]
+  return dataset.map(lambda ex: {"targets": ex[key]},
+                     num_parallel_calls=_AUTOTUNE)
+
+
 @gin.configurable(module=_GIN_MODULE)
 def pretokenized_tfds_dataset(dataset_name=gin.REQUIRED,
                               text2self=gin.REQUIRED,
@@ -638,12 +665,15 @@ def untokenized_tfds_dataset(dataset_name=gin.REQUIRED,
     a tf.data.Dataset of packed or padded examples.
   """
   del batch_size
-  dataset = _tfds_load(name=dataset_name, split=dataset_split,
-                       as_supervised=not text2self, data_dir=tfds_data_dir)
+  dataset, info = _tfds_load(name=dataset_name, split=dataset_split,
+                             as_supervised=not text2self,
+                             data_dir=tfds_data_dir, with_info=True)
   if dataset_split == "train":
     dataset = dataset.repeat().shuffle(
         1000, seed=_seed(dataset_name, dataset_split))
-  if not text2self:
+  if text2self:
+    dataset = _language_model_features(dataset, info, dataset_name)
+  else:
     dataset = supervised_to_dict(dataset, text2self)
   dataset = encode_all_features(dataset, vocabulary)
   return pack_or_pad(dataset, sequence_length, pack)

@@ -568,15 +568,23 @@ def test_untokenized_tfds_dataset(tmp_path):
         vocabulary=_CharVocabulary(), pack=True))
     np.testing.assert_array_equal(packed[0]["inputs"], [a, b, 1, d, 1])
     np.testing.assert_array_equal(packed[0]["targets"], [c, 1, d, d, 1])
-  # text2self reads the dataset's own features: every string one is
-  # encoded and keeps its name.
+  # text2self trains a language model on the dataset's text: lm1b's
+  # "text" (its supervised target key) becomes "targets".
   with _MockTfds([{"text": "ab"}]):
     lm = _rows(dataset.untokenized_tfds_dataset(
         "lm1b", text2self=True, tfds_data_dir=str(tmp_path),
         dataset_split="test", sequence_length=4,
         vocabulary=_CharVocabulary(), pack=False))
-  assert sorted(lm[0]) == ["text"]
-  np.testing.assert_array_equal(lm[0]["text"], [a, b, 1, 0])
+  assert sorted(lm[0]) == ["targets"]
+  np.testing.assert_array_equal(lm[0]["targets"], [a, b, 1, 0])
+  # A dataset that has "targets" keeps its features, as in the original.
+  with _MockTfds([{"targets": "ab", "inputs": "c"}]):
+    lm = _rows(dataset.untokenized_tfds_dataset(
+        "lm1b", text2self=True, tfds_data_dir=str(tmp_path),
+        dataset_split="test", sequence_length=4,
+        vocabulary=_CharVocabulary(), pack=False))
+  assert sorted(lm[0]) == ["inputs", "targets"]
+  np.testing.assert_array_equal(lm[0]["targets"], [a, b, 1, 0])
 
 
 def test_package_exports_dataset():
