@@ -36,8 +36,10 @@ def _x(shape, seed=0):
                                              size=shape).astype(np.float32)
 
 
-def _shift_case(wrap):
-  """(build_fn, np_fn, inputs) of check_ops: shifts by OFFSETS[wrap]."""
+@pytest.mark.parametrize("wrap", [False, True], ids=["zeros", "wrap"])
+@pytest.mark.parametrize("mesh_shape,layout,mode",
+                         mtf_testing.layout_mode_params(["b", "a"]))
+def test_shift(mesh_shape, layout, mode, wrap):
   def build(mesh, t):
     del mesh
     out = {f"y{i}": mtf.shift(t["x"], off, t["x"].shape[1], wrap)
@@ -51,17 +53,8 @@ def _shift_case(wrap):
     out["by_name"] = _np_shift(x, 3, 0, wrap)
     return out
 
-  return build, np_fn, {"x": (_x((8, 16)), ["a", "b"])}
-
-
-@pytest.mark.parametrize("mesh_shape,layout,mode",
-                         mtf_testing.layout_mode_params(["b", "a"]))
-def test_shift(mesh_shape, layout, mode):
-  """Filling with zeros and wrapping, in one program (mtf_testing.check_ops
-  checks each as if alone)."""
-  mtf_testing.check_ops({"zeros": _shift_case(False),
-                         "wrap": _shift_case(True)},
-                        mesh_shape, layout, mode)
+  mtf_testing.check_op(build, np_fn, {"x": (_x((8, 16)), ["a", "b"])},
+                       mesh_shape, layout, mode)
 
 
 def test_shift_by_zero_returns_input_and_checks_dim():
@@ -134,28 +127,21 @@ def test_halo_exchange_with_split_block_raises_layout_error():
   del y
 
 
-def _dynamic_shift_case(wrap):
-  """(build_fn, np_fn, inputs) of check_ops: a dynamic shift per row."""
+@pytest.mark.parametrize("wrap", [False, True], ids=["zeros", "wrap"])
+@pytest.mark.parametrize("mesh_shape,layout,mode",
+                         mtf_testing.layout_mode_params(["b", "a"]))
+def test_dynamic_shift(mesh_shape, layout, mode, wrap):
   offsets = np.array([0, 1, -1, 3, -7, 8, 9, -12], np.int32)
 
   def np_fn(x, offset):
     return {"y": np.stack([_np_shift(row, o, 0, wrap)
                            for row, o in zip(x, offset)])}
 
-  return (lambda mesh, t: {"y": mtf.dynamic_shift(t["x"], t["offset"], "b",
-                                                  wrap)},
-          np_fn,
-          {"x": (_x((8, 8)), ["a", "b"]), "offset": (offsets, ["a"])})
-
-
-@pytest.mark.parametrize("mesh_shape,layout,mode",
-                         mtf_testing.layout_mode_params(["b", "a"]))
-def test_dynamic_shift(mesh_shape, layout, mode):
-  """Filling with zeros and wrapping, in one program (mtf_testing.check_ops
-  checks each as if alone)."""
-  mtf_testing.check_ops({"zeros": _dynamic_shift_case(False),
-                         "wrap": _dynamic_shift_case(True)},
-                        mesh_shape, layout, mode)
+  mtf_testing.check_op(
+      lambda mesh, t: {"y": mtf.dynamic_shift(t["x"], t["offset"], "b",
+                                              wrap)},
+      np_fn, {"x": (_x((8, 8)), ["a", "b"]), "offset": (offsets, ["a"])},
+      mesh_shape, layout, mode)
 
 
 def test_dynamic_shift_validates_offset_shape():
