@@ -458,6 +458,22 @@ def check_ops(cases, mesh_shape, layout, mode, **kwargs):
                   grad_wrt=grad_wrt, np_grad_fn=grad_reference, **kwargs)
 
 
+def check_op_table(table, mesh_shape, layout, mode, **kwargs):
+  """check_ops of a table of positional cases: name -> (mtf_fn, np_fn,
+  inputs), where both functions take the inputs in their dict order and
+  return one output ("y")."""
+  cases = {}
+  for name, (mtf_fn, np_fn, inputs) in table.items():
+    names = list(inputs)
+    cases[name] = (
+        lambda mesh, t, fn=mtf_fn, names=names: {
+            "y": fn(*[t[n] for n in names])},
+        lambda fn=np_fn, names=names, **arrays: {
+            "y": fn(*[arrays[n] for n in names])},
+        inputs)
+  check_ops(cases, mesh_shape, layout, mode, **kwargs)
+
+
 def assert_replicas_agree(slices, begins, what):
   """Slices at the same position of the full tensor must be identical."""
   first = {}

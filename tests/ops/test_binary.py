@@ -183,16 +183,7 @@ WHERE = {
 def _check(table, mesh_shape, layout, mode):
   """Every case of `table` under one layout and mode, in one program (see
   mtf_testing.check_ops: each case is checked as if alone)."""
-  cases = {}
-  for name, (mtf_fn, np_fn, inputs) in table.items():
-    names = list(inputs)
-    cases[name] = (
-        lambda mesh, t, fn=mtf_fn, names=names: {
-            "y": fn(*[t[n] for n in names])},
-        lambda fn=np_fn, names=names, **arrays: {
-            "y": fn(*[arrays[n] for n in names])},
-        inputs)
-  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
+  mtf_testing.check_op_table(table, mesh_shape, layout, mode)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", SAME_SHAPE_PARAMS)

@@ -156,16 +156,8 @@ def test_softmax(mesh_shape, layout, mode):
   """reduce_logsumexp (with and without extra_logit), softmax, log_softmax
   (every case in one program; mtf_testing.check_ops checks each as if
   alone)."""
-  cases = {}
-  for case, (mtf_fn, np_fn, inputs) in sorted(SOFTMAX_CASES.items()):
-    names = list(inputs)
-    cases[case] = (
-        lambda mesh, t, fn=mtf_fn, names=names: {
-            "y": fn(*[t[n] for n in names])},
-        lambda fn=np_fn, names=names, **arrays: {
-            "y": fn(*[arrays[n] for n in names])},
-        inputs)
-  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
+  mtf_testing.check_op_table(dict(sorted(SOFTMAX_CASES.items())),
+                             mesh_shape, layout, mode)
 
 
 def _softmax_grad_of_grad(x, g, h):
