@@ -24,7 +24,6 @@ devices of all tasks, the others serve theirs (see mesh_tensorflow.cluster).
 import contextlib
 import importlib
 import os
-import re
 import shlex
 import sys
 
@@ -36,6 +35,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import cluster as cluster_lib
+from mesh_tensorflow import errors as mtf_errors
 from mesh_tensorflow.transformer import progress
 from mesh_tensorflow.transformer import run_devices
 from mesh_tensorflow.transformer import utils
@@ -147,21 +147,8 @@ def _start_cluster():
 
 def error_message(exc):
   """One paragraph saying what went wrong, without TF/gin call stacks."""
-  text = str(exc).strip() or type(exc).__name__
-  if "in user code:" in text:
-    # A tf.function trace: the message of the error is its last paragraph.
-    text = re.split(r"\n\s*\n", text.strip())[-1]
-  lines = [line.strip() for line in text.splitlines()]
-  context = [l for l in lines if l.startswith("In call to configurable") or
-             l.startswith("In file") or l.startswith("In bindings string")]
-  message = " ".join(l for l in lines if l and l not in context and
-                     not l.startswith("File \""))
-  where = ""
-  for line in context:
-    if line.startswith(("In file", "In bindings string")):
-      where = f" ({line[3:].rstrip(':')})"
-      break
-  return f"{type(exc).__name__}: {message}{where}"
+  return mtf_errors.one_paragraph(exc, context_prefixes=(
+      "In call to configurable", "In file", "In bindings string"))
 
 
 def main(_):
