@@ -8,10 +8,16 @@ README's BERT commands and the tests run on these.
 """
 
 import json
+import os
+
+from absl import app
+from absl import flags
+import numpy as np
 
 __all__ = ["SPECIAL_TOKENS", "TOPICS", "FUNCTION_WORDS", "PIECES",
            "PUNCTUATION", "CHARACTERS", "vocabulary", "write_vocab",
-           "tiny_config", "write_config"]
+           "tiny_config", "write_config", "corpus", "write_corpus",
+           "paraphrase_pairs", "write_mrpc", "write_squad", "write_all"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
                   "[unused0]", "[unused1]")
@@ -86,3 +92,147 @@ def write_config(path, **overrides):
   with open(path, "w") as f:
     json.dump(tiny_config(**overrides), f, indent=2)
   return str(path)
+
+
+def _document_sentences(rng, topic, count):
+  """`count` sentences about one topic: its words recur with set phrases."""
+  people, foods, places = TOPICS[6], TOPICS[4], TOPICS[3]
+  sentences = []
+  for _ in range(count):
+    a, b = rng.choice(topic, size=2, replace=False)
+    form = rng.integers(4)
+    if form == 0:
+      sentences.append(f"the {a} and the {b} .")
+    elif form == 1:
+      sentences.append(f"a {a} is with the {b} .")
+    elif form == 2:
+      sentences.append(f"the {rng.choice(people)} likes the {a} and "
+                       f"the {b} .")
+    else:
+      sentences.append(f"the {a} of {rng.choice(places)} has "
+                       f"{rng.choice(foods)} , the {b} too .")
+  return sentences
+
+
+def corpus(num_documents=200, sentences_per_document=6, seed=0):
+  """Pretraining text: documents (lists of sentences), one topic each."""
+  rng = np.random.default_rng(seed)
+  return [_document_sentences(rng, TOPICS[rng.integers(len(TOPICS))],
+                              sentences_per_document)
+          for _ in range(num_documents)]
+
+
+def write_corpus(path, **kwargs):
+  """corpus(**kwargs) as BERT's pretraining text format: one sentence per
+  line, a blank line between documents. Returns the path."""
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n\n".join("\n".join(d) for d in corpus(**kwargs)) + "\n")
+  return str(path)
+
+
+def paraphrase_pairs(count, seed=0):
+  """(label, sentence 1, sentence 2): 1 when both name the same topic's
+  words (in another order and phrase), 0 when the second is about another
+  topic; classes balanced."""
+  rng = np.random.default_rng(seed)
+  pairs = []
+  for i in range(count):
+    topic = rng.integers(len(TOPICS))
+    a, b = rng.choice(TOPICS[topic], size=2, replace=False)
+    label = i % 2
+    if label:
+      c, d = b, a
+    else:
+      other = (topic + 1 + rng.integers(len(TOPICS) - 1)) % len(TOPICS)
+      c, d = rng.choice(TOPICS[other], size=2, replace=False)
+    pairs.append((label, f"the {a} and the {b} .",
+                  f"a {c} is with the {d} ."))
+  return pairs
+
+
+def write_mrpc(data_dir, num_train=256, num_dev=64, num_test=32, seed=0):
+  """GLUE MRPC's train.tsv, dev.tsv and test.tsv of paraphrase_pairs in
+  data_dir (run_classifier --task_name=MRPC --data_dir=...)."""
+  os.makedirs(data_dir, exist_ok=True)
+  header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+  splits = (("train", num_train, seed), ("dev", num_dev, seed + 1),
+            ("test", num_test, seed + 2))
+  for split, count, split_seed in splits:
+    lines = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String" if split == "test"
+             else header]
+    for i, (label, s1, s2) in enumerate(paraphrase_pairs(count, split_seed)):
+      first = i if split == "test" else label
+      lines.append(f"{first}\t{2 * i}\t{2 * i + 1}\t{s1}\t{s2}")
+    with open(os.path.join(data_dir, f"{split}.tsv"), "w",
+              encoding="utf-8") as f:
+      f.write("\n".join(lines) + "\n")
+  return str(data_dir)
+
+
+def _squad_article(rng, index):
+  """One SQuAD paragraph: facts about people, each question's answer a
+  span of the context."""
+  people = rng.choice(TOPICS[6], size=3, replace=False)
+  facts = (("likes", TOPICS[4], "what"), ("lives in", TOPICS[3], "where"),
+           ("has", TOPICS[7], "which"))
+  sentences, questions = [], []
+  for person, (verb, words, asks) in zip(people, facts):
+    answer = str(rng.choice(words))
+    sentences.append((f"the {person} {verb} ", answer, " ."))
+    questions.append((f"{asks} the {person} {verb} ?", answer))
+  rng.shuffle(sentences)
+  context, starts = "", {}
+  for before, answer, after in sentences:
+    starts[answer] = len(context) + len(before)
+    context += before + answer + after + " "
+  qas = [{"id": f"q{index}_{k}", "question": question,
+          "answers": [{"text": answer, "answer_start": starts[answer]}]}
+         for k, (question, answer) in enumerate(questions)]
+  return {"title": f"article {index}",
+          "paragraphs": [{"context": context.strip(), "qas": qas}]}
+
+
+def write_squad(path, num_articles=100, seed=0):
+  """A SQuAD 1.1 JSON file of generated articles whose answers are spans
+  of their contexts. Returns the path."""
+  rng = np.random.default_rng(seed)
+  data = {"version": "1.1",
+          "data": [_squad_article(rng, i) for i in range(num_articles)]}
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=1)
+  return str(path)
+
+
+def write_all(output_dir, seed=0):
+  """Everything the README's BERT commands read, under output_dir:
+  vocab.txt, bert_config.json, corpus.txt, MRPC/{train,dev,test}.tsv,
+  squad/train.json and squad/dev.json. Returns {name: path}."""
+  os.makedirs(output_dir, exist_ok=True)
+  join = lambda *p: os.path.join(output_dir, *p)
+  os.makedirs(join("squad"), exist_ok=True)
+  return {
+      "vocab": write_vocab(join("vocab.txt")),
+      "config": write_config(join("bert_config.json")),
+      "corpus": write_corpus(join("corpus.txt"), seed=seed),
+      "mrpc": write_mrpc(join("MRPC"), seed=seed),
+      "squad_train": write_squad(join("squad", "train.json"), seed=seed),
+      "squad_dev": write_squad(join("squad", "dev.json"), num_articles=20,
+                               seed=seed + 1),
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not FLAGS.output_dir:
+    raise ValueError("--output_dir is required: the folder to write the "
+                     "example data to.")
+  for name, path in write_all(FLAGS.output_dir, FLAGS.seed).items():
+    print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("output_dir", None, "Folder to write the data to.")
+  flags.DEFINE_integer("seed", 0, "Seed of the generated text.")
+  FLAGS = flags.FLAGS
+  app.run(main)
