@@ -391,6 +391,7 @@ class InGraphTokenizer(tf.Module):
                max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD):
     super().__init__(name="in_graph_tokenizer")
     self.vocab = load_vocab(vocab_file)
+    self.inv_vocab = {i: token for token, i in self.vocab.items()}
     if unk_token not in self.vocab:
       raise ValueError(f"The unknown token {unk_token!r} is not in the "
                        f"vocabulary {vocab_file}.")
@@ -422,3 +423,9 @@ class InGraphTokenizer(tf.Module):
     if strings.shape.rank == 0:
       return self.tokenize(strings[tf.newaxis])[0]
     return self._tokenizer.tokenize(strings).merge_dims(-2, -1)
+
+  def convert_tokens_to_ids(self, tokens):
+    return convert_by_vocab(self.vocab, tokens)
+
+  def convert_ids_to_tokens(self, ids):
+    return convert_by_vocab(self.inv_vocab, ids)
