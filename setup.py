@@ -54,6 +54,8 @@ setuptools.setup(
     # layouts/, ...), found through importlib.resources (utils.py).
     package_data={
         "mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"],
+        # BERT's model configurations (base.json, large.json, moe.json, ...).
+        "mesh_tensorflow.bert": ["config/*.json"],
     },
     install_requires=[
         "tensorflow>=2.16",
