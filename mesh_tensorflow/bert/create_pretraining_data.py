@@ -23,7 +23,8 @@ seed gives the same bytes (records are serialized deterministically), and
 the same records as Google's tool given the same tokens.
 
 The text is tokenized in batches on tensorflow-text
-(tokenization.InGraphTokenizer), which gives FullTokenizer's tokens.
+(tokenization.InGraphTokenizer), which gives FullTokenizer's tokens
+(except with --preserve_unused_tokens: see tokenization).
 
 Each record has the features the pretraining binary reads
 (`feature_spec`): input_ids, input_mask, segment_ids (int64,
@@ -69,6 +70,9 @@ _define("float", "masked_lm_prob", 0.15, "Masked LM probability.")
 _define("float", "short_seq_prob", 0.1,
         "Probability of creating sequences which are shorter than the "
         "maximum length.")
+# run_common.run reads it (the binaries define it with the mesh flags).
+_define("bool", "show_traceback", False,
+        "On bad input, also log the Python traceback.")
 
 # Lines tokenized per call of the in-graph tokenizer.
 TOKENIZE_BATCH = 4096

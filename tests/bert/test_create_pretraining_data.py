@@ -1,4 +1,4 @@
-"""Tests of mesh_tensorflow.bert.create_pretraining_data on a generated corpus."""
+"""Tests of bert.create_pretraining_data on a generated corpus."""
 
 import random
 import re

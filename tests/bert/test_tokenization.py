@@ -19,7 +19,8 @@ FLAGS = flags.FLAGS
 VOCAB = [
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]",
     "[", "]", "mask", "hello", "the", "dog", "cafe", "s", "##s", "straße",
-    "strasse", "中", "国", "人", "日", "本", "です", "てす", "un", "##aff", "##able",
+    "strasse", "中", "国", "人", "日", "本", "です", "てす", "un", "##aff",
+    "##able",
     ",", ".", "!", "?", "'", "$", "^", "`", "a", "##a", "H", "##é", "##llo",
     "οδος", "é",
 ]
