@@ -169,7 +169,7 @@ def run(main):
     except app.UsageError:
       raise
     except INPUT_ERRORS as exc:
-      if FLAGS.show_traceback:
+      if "show_traceback" in FLAGS and FLAGS.show_traceback:
         logging.exception("Failed:")
       sys.stderr.write(f"\nerror: {mtf_errors.one_paragraph(exc)}\n")
       sys.exit(1)
