@@ -115,7 +115,9 @@ def reference(shared_result, config_name):
       lambda: run_pretraining(config_name, "all:1", "", "eager"))
 
 
-def _graph_of(config, is_training=False, mesh_shape="all:1", layout=""):
+def graph_of(config, is_training=False, mesh_shape="all:1", layout=""):
+  """An mtf Graph of BertModel and both heads (not lowered): (graph,
+  model)."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   model, _, _ = build_pretraining(mesh, config, mesh_shape, layout,
@@ -124,7 +126,7 @@ def _graph_of(config, is_training=False, mesh_shape="all:1", layout=""):
 
 
 def _variable_names(config):
-  graph, _ = _graph_of(config)
+  graph, _ = graph_of(config)
   return [v.name for v in graph.trainable_variables]
 
 
@@ -155,7 +157,7 @@ def test_variable_names_of_a_tiny_model():
 
 
 def test_variable_shapes_pad_the_vocabulary_to_128():
-  graph, model = _graph_of(bert.BertConfig.from_dict(
+  graph, model = graph_of(bert.BertConfig.from_dict(
       generated_data.tiny_config(vocab_size=130)))
   shapes = {v.name: v.shape for v in graph.trainable_variables}
   assert model.vocab_dim.size == 256
@@ -237,7 +239,7 @@ def test_the_original_config_files_parse_and_build():
   assert configs["no_bias"].use_bias is False
   assert configs["default_init"].initializer_range is None
   for name, config in configs.items():
-    graph, _ = _graph_of(_small_structure(config), is_training=True)
+    graph, _ = graph_of(_small_structure(config), is_training=True)
     names = [v.name for v in graph.trainable_variables]
     assert ("bert/encoder/block_0/moe/wi/kernel" in names) == (
         name == "moe"), name

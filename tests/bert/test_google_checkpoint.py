@@ -110,7 +110,7 @@ def test_converted_checkpoint_names_shapes_and_padding(google):
   weights, _, converted = google
   reader = tf.train.load_checkpoint(converted)
   shapes = reader.get_variable_to_shape_map()
-  graph, model = test_bert._graph_of(bert.BertConfig.from_dict(CONFIG))  # pylint: disable=protected-access
+  graph, model = test_bert.graph_of(bert.BertConfig.from_dict(CONFIG))
   assert shapes == {v.name: v.shape.to_integer_list
                     for v in graph.trainable_variables}
   vocab, padded = CONFIG["vocab_size"], model.vocab_dim.size
