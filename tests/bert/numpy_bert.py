@@ -5,8 +5,10 @@ Weights are named and shaped as in google-research/bert's checkpoints
 so the same function checks `BertModel` (through `from_mtf`, which renames
 this package's variables) and the conversion of Google's checkpoints.
 Configs are dicts with Google's JSON keys (tests/bert/generated_data.py).
-Only Google's architecture is covered: learned positions, the "original"
-residual structure, biases and mean-subtracting layer norm.
+Only Google's architecture is covered (the "original" residual structure,
+biases and mean-subtracting layer norm), with learned positions or, given
+a "bert/encoder/relative_attention_bias" [heads, 32], this package's
+relative attention bias instead.
 """
 
 import numpy as np
@@ -34,6 +36,21 @@ def softmax(x, axis=-1):
   return e / e.sum(axis, keepdims=True)
 
 
+def relative_position_bucket(relative_position, num_buckets=32,
+                             max_distance=128):
+  """T5's bidirectional bucket of relative position (memory - query)."""
+  n = -relative_position
+  num_buckets //= 2
+  ret = (n < 0).astype(np.int32) * num_buckets
+  n = np.abs(n)
+  max_exact = num_buckets // 2
+  large = max_exact + (np.log(np.maximum(n, 1) / max_exact)
+                       / np.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(np.int32)
+  large = np.minimum(large, num_buckets - 1)
+  return ret + np.where(n < max_exact, n, large)
+
+
 def _dense(w, prefix, x):
   return x @ w[prefix + "/kernel"] + w[prefix + "/bias"]
 
@@ -58,10 +75,16 @@ def forward(w, config, input_ids, input_mask=None, token_type_ids=None,
   if token_type_ids is None:
     token_type_ids = np.zeros_like(input_ids)
   x = (w["bert/embeddings/word_embeddings"][input_ids]
-       + w["bert/embeddings/token_type_embeddings"][token_type_ids]
-       + w["bert/embeddings/position_embeddings"][:seq][None])
+       + w["bert/embeddings/token_type_embeddings"][token_type_ids])
+  if "bert/embeddings/position_embeddings" in w:
+    x += w["bert/embeddings/position_embeddings"][:seq][None]
   x = _ln(w, "bert/embeddings", x, epsilon)
   bias = (1.0 - input_mask[:, None, None, :].astype(np.float64)) * -10000.0
+  if "bert/encoder/relative_attention_bias" in w:
+    # [heads, query, key]: the bias of bucket(key - query).
+    buckets = relative_position_bucket(
+        np.arange(seq)[None, :] - np.arange(seq)[:, None])
+    bias = bias + w["bert/encoder/relative_attention_bias"][:, buckets]
   layers = []
   for i in range(config["num_hidden_layers"]):
     p = f"bert/encoder/layer_{i}"
@@ -177,8 +200,6 @@ def from_mtf(mtf_weights, config):
       "bert/embeddings/word_embeddings": m["bert/embeddings/word_embeddings"],
       "bert/embeddings/token_type_embeddings":
           m["bert/embeddings/token_type_embeddings"],
-      "bert/embeddings/position_embeddings":
-          m["bert/embeddings/position_embeddings"],
       "bert/embeddings/LayerNorm/gamma": m["bert/embeddings/layer_norm/scale"],
       "bert/embeddings/LayerNorm/beta": m["bert/embeddings/layer_norm/bias"],
       "bert/pooler/dense/kernel": m["bert/pooler/dense/kernel"],
@@ -196,6 +217,10 @@ def from_mtf(mtf_weights, config):
           np.transpose(m["cls/seq_relationship/kernel"]),
       "cls/seq_relationship/output_bias": m["cls/seq_relationship/bias"],
   }
+  for name in ("bert/embeddings/position_embeddings",
+               "bert/encoder/relative_attention_bias"):
+    if name in m:
+      g[name] = m[name]
   for n in range(config["num_hidden_layers"]):
     src, dst = f"bert/encoder/block_{n}", f"bert/encoder/layer_{n}"
     for part in ("query", "key", "value"):

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import checkpointing
 from mesh_tensorflow.bert import bert
 from tests import mtf_testing
 from tests.bert import generated_data
@@ -113,6 +114,53 @@ def reference(shared_result, config_name):
   return shared_result(
       f"bert_reference_{config_name}",
       lambda: run_pretraining(config_name, "all:1", "", "eager"))
+
+
+def run_restored(config, checkpoint, mesh_shape, layout):
+  """BertModel and both heads with their variables filled from
+  `checkpoint` by the checkpointing module (as the estimator's warm start
+  does), run eagerly: (outputs as NumPy, variables not restored)."""
+  impl = mtf_testing.make_impl("eager", mesh_shape, layout)
+  reader = tf.train.load_checkpoint(checkpoint)
+  restore = checkpointing.ValueRestore(
+      checkpoint, reader, checkpointing.variable_keys(reader))
+  restore.attach(impl)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  _, outputs, _ = build_pretraining(
+      mesh, bert.BertConfig.from_dict(config), mesh_shape, layout,
+      is_training=False)
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  values = {k: np.asarray(lowering.export_to_tf_tensor(v))
+            for k, v in outputs.items()}
+  return values, restore.missing
+
+
+def save_with_tf1_saver(weights, prefix):
+  """A name-based checkpoint of {name: array} written by a TF1 Saver."""
+  with tf.Graph().as_default():
+    for name, value in weights.items():
+      tf.compat.v1.get_variable(name, initializer=tf.constant(value))
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      tf.compat.v1.train.Saver().save(sess, prefix, write_meta_graph=False)
+  return prefix
+
+
+def numpy_pretraining(weights, config, epsilon):
+  """numpy_bert's outputs of the pretraining model on INPUTS."""
+  want = numpy_bert.forward(weights, config, INPUTS["input_ids"],
+                            INPUTS["input_mask"], INPUTS["token_type_ids"],
+                            epsilon=epsilon)
+  mlm_loss, _, mlm_logits = numpy_bert.masked_lm(
+      weights, config, want["sequence_output"], INPUTS["positions"],
+      INPUTS["label_ids"], INPUTS["label_weights"], epsilon=epsilon)
+  nsp_loss, _, nsp_logits = numpy_bert.next_sentence(
+      weights, want["pooled_output"], INPUTS["next_sentence_labels"])
+  return {"sequence_output": want["sequence_output"],
+          "pooled_output": want["pooled_output"], "mlm_logits": mlm_logits,
+          "nsp_logits": nsp_logits, "mlm_loss": mlm_loss,
+          "nsp_loss": nsp_loss}
 
 
 def graph_of(config, is_training=False, mesh_shape="all:1", layout=""):
@@ -280,21 +328,6 @@ def test_get_assignment_map_from_checkpoint(tmp_path):
                          "bert/pooler/dense/kernel:0": 1}
 
 
-def _numpy_bucket(relative_position, num_buckets=32, max_distance=128):
-  """T5's relative position bucket (bidirectional), in NumPy."""
-  n = -relative_position
-  num_buckets //= 2
-  ret = (n < 0).astype(np.int32) * num_buckets
-  n = np.abs(n)
-  max_exact = num_buckets // 2
-  with np.errstate(divide="ignore"):
-    large = max_exact + (np.log(np.maximum(n, 1) / max_exact)
-                         / np.log(max_distance / max_exact)
-                         * (num_buckets - max_exact)).astype(np.int32)
-  large = np.minimum(large, num_buckets - 1)
-  return ret + np.where(n < max_exact, n, large)
-
-
 def test_relative_position_buckets():
   positions = np.arange(-200, 201, dtype=np.int32)
 
@@ -306,7 +339,7 @@ def test_relative_position_buckets():
 
   results, _ = mtf_testing.run_program("all:1", "", "eager", build,
                                        fetch_variables=False)
-  want = _numpy_bucket(positions)
+  want = numpy_bert.relative_position_bucket(positions)
   np.testing.assert_array_equal(results["bucket"], want)
   assert want.min() == 0 and want.max() == 31
 
@@ -316,24 +349,33 @@ def test_tiny_model_matches_numpy_bert(shared_result):
   mtf's layer-norm epsilon)."""
   results = reference(shared_result, "tiny")
   config = CONFIGS["tiny"]
-  weights = numpy_bert.from_mtf(results, config)
-  want = numpy_bert.forward(weights, config, INPUTS["input_ids"],
-                            INPUTS["input_mask"], INPUTS["token_type_ids"],
-                            epsilon=1e-6)
-  mlm_loss, _, mlm_logits = numpy_bert.masked_lm(
-      weights, config, want["sequence_output"], INPUTS["positions"],
-      INPUTS["label_ids"], INPUTS["label_weights"], epsilon=1e-6)
-  nsp_loss, _, nsp_logits = numpy_bert.next_sentence(
-      weights, want["pooled_output"], INPUTS["next_sentence_labels"])
-  tol = dict(rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(results["sequence_output"],
-                             want["sequence_output"], **tol)
-  np.testing.assert_allclose(results["pooled_output"],
-                             want["pooled_output"], **tol)
-  np.testing.assert_allclose(results["mlm_logits"], mlm_logits, **tol)
-  np.testing.assert_allclose(results["nsp_logits"], nsp_logits, **tol)
-  np.testing.assert_allclose(results["mlm_loss"], mlm_loss, rtol=1e-5)
-  np.testing.assert_allclose(results["nsp_loss"], nsp_loss, rtol=1e-5)
+  want = numpy_pretraining(numpy_bert.from_mtf(results, config), config,
+                           epsilon=1e-6)
+  for key, value in want.items():
+    np.testing.assert_allclose(results[key], value, rtol=1e-4, atol=1e-5,
+                               err_msg=key)
+
+
+def test_relative_attention_matches_numpy_bert(shared_result, tmp_path):
+  """The relative-attention model, its (zero-initialized) bias made random
+  and restored from a checkpoint, against NumPy."""
+  results = reference(shared_result, "relative")
+  config = CONFIGS["relative"]
+  weights = {k: v for k, v in results.items()
+             if "/" in k and not k.startswith("d_")}
+  weights["bert/encoder/relative_attention_bias"] = np.random.RandomState(
+      0).normal(0.0, 2.0, [8, 32]).astype(np.float32)
+  prefix = save_with_tf1_saver(weights, str(tmp_path / "model.ckpt"))
+  got, missing = run_restored(config, prefix, "all:1", "")
+  assert not missing
+  want = numpy_pretraining(numpy_bert.from_mtf(weights, config), config,
+                           epsilon=1e-6)
+  # The bias matters: it moves the outputs ~100 times the tolerance.
+  assert np.abs(got["sequence_output"]
+                - results["sequence_output"]).max() > 0.01
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5,
+                               err_msg=key)
 
 
 _LAYOUT_CASES = [("batch8", "batch:8", "eager"),

@@ -9,35 +9,26 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import mesh_tensorflow as mtf
-from mesh_tensorflow import checkpointing
 from mesh_tensorflow.bert import bert
 from mesh_tensorflow.bert import google_checkpoint
-from tests import mtf_testing
 from tests.bert import generated_data
 from tests.bert import numpy_bert
 from tests.bert import test_bert
 
 CONFIG = generated_data.tiny_config()
 LAYOUT = test_bert.LAYOUT
-INPUTS = test_bert.INPUTS
 
 
 def _write_google_checkpoint(directory, weights):
-  """A TF1 Saver checkpoint of `weights` (plus a step and Adam slots, as
+  """A TF1 Saver checkpoint of `weights` (plus a step and an Adam slot, as
   Google's pretraining checkpoints have); returns its prefix."""
-  prefix = os.path.join(str(directory), "bert_model.ckpt")
-  with tf.Graph().as_default():
-    for name, value in weights.items():
-      tf.compat.v1.get_variable(name, initializer=tf.constant(value))
-    tf.compat.v1.get_variable(
-        "bert/pooler/dense/kernel/adam_m",
-        initializer=tf.zeros_like(weights["bert/pooler/dense/kernel"]))
-    tf.compat.v1.train.get_or_create_global_step()
-    with tf.compat.v1.Session() as sess:
-      sess.run(tf.compat.v1.global_variables_initializer())
-      tf.compat.v1.train.Saver().save(sess, prefix, write_meta_graph=False)
-  return prefix
+  os.makedirs(directory)
+  weights = dict(weights)
+  weights["bert/pooler/dense/kernel/adam_m"] = np.zeros_like(
+      weights["bert/pooler/dense/kernel"])
+  weights["global_step"] = np.int64(1000)
+  return test_bert.save_with_tf1_saver(
+      weights, os.path.join(str(directory), "bert_model.ckpt"))
 
 
 @pytest.fixture(scope="module")
@@ -52,54 +43,20 @@ def google(tmp_path_factory):
   return weights, prefix, converted
 
 
-def _run_restored(checkpoint, mesh_shape, layout):
-  """Builds BertModel with the pretraining heads, its variables filled from
-  `checkpoint` by the checkpointing module (as the estimator's warm start
-  does), runs it eagerly; returns (outputs, variables not restored)."""
-  impl = mtf_testing.make_impl("eager", mesh_shape, layout)
-  reader = tf.train.load_checkpoint(checkpoint)
-  restore = checkpointing.ValueRestore(
-      checkpoint, reader, checkpointing.variable_keys(reader))
-  restore.attach(impl)
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  _, outputs, _ = test_bert.build_pretraining(
-      mesh, bert.BertConfig.from_dict(CONFIG), mesh_shape, layout,
-      is_training=False)
-  lowering = mtf.Lowering(graph, {mesh: impl})
-  values = {k: np.asarray(lowering.export_to_tf_tensor(v))
-            for k, v in outputs.items()}
-  return values, restore.missing
-
-
-def _numpy_outputs(weights, epsilon):
-  want = numpy_bert.forward(weights, CONFIG, INPUTS["input_ids"],
-                            INPUTS["input_mask"], INPUTS["token_type_ids"],
-                            epsilon=epsilon)
-  mlm_loss, _, mlm_logits = numpy_bert.masked_lm(
-      weights, CONFIG, want["sequence_output"], INPUTS["positions"],
-      INPUTS["label_ids"], INPUTS["label_weights"], epsilon=epsilon)
-  nsp_loss, _, nsp_logits = numpy_bert.next_sentence(
-      weights, want["pooled_output"], INPUTS["next_sentence_labels"])
-  return {"sequence_output": want["sequence_output"],
-          "pooled_output": want["pooled_output"], "mlm_logits": mlm_logits,
-          "nsp_logits": nsp_logits, "mlm_loss": mlm_loss,
-          "nsp_loss": nsp_loss}
-
-
 @pytest.mark.parametrize("mesh_shape,layout", [
     ("all:1", ""), ("batch:2;model:4", LAYOUT)])
 def test_converted_checkpoint_gives_googles_outputs(google, mesh_shape,
                                                    layout):
   weights, _, converted = google
-  got, missing = _run_restored(converted, mesh_shape, layout)
+  got, missing = test_bert.run_restored(CONFIG, converted, mesh_shape,
+                                        layout)
   assert not missing  # Every variable of the model came from Google's.
   vocab = CONFIG["vocab_size"]
   got["mlm_logits"] = got["mlm_logits"][..., :vocab]
   # With mtf's layer-norm epsilon the conversion is exact up to float32
   # round-off; with Google's (1e-12) it differs by ~1e-6 / (2 variance).
   for epsilon, tol in ((1e-6, 2e-5), (1e-12, 1e-4)):
-    want = _numpy_outputs(weights, epsilon)
+    want = test_bert.numpy_pretraining(weights, CONFIG, epsilon)
     for key, value in want.items():
       np.testing.assert_allclose(
           got[key], value, rtol=tol, atol=tol,
