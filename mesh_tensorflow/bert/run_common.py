@@ -40,8 +40,15 @@ INPUT_ERRORS = (ValueError, TypeError, KeyError, OSError, LookupError,
 
 
 def define(kind, name, default, help_text, **kwargs):
-  """flags.DEFINE_<kind>(name, ...) unless the flag already exists."""
+  """flags.DEFINE_<kind>(name, ...) unless the flag already exists.
+
+  For kind "enum", pass enum_values=[...] as a keyword.
+  """
   if name in FLAGS:
+    return
+  if kind == "enum":
+    flags.DEFINE_enum(name, default, kwargs.pop("enum_values"), help_text,
+                      **kwargs)
     return
   getattr(flags, f"DEFINE_{kind}")(name, default, help_text, **kwargs)
 
