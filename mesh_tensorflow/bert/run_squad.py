@@ -108,13 +108,6 @@ define("float", "null_score_diff_threshold", 0.0,
 define("integer", "tf_random_seed", None,
        "Seed of the initializers, dropout and shuffling (for repeatable "
        "runs).")
-if "mesh_impl" not in FLAGS:
-  # Defined here first: run_common.define passes enum_values in the wrong
-  # position for DEFINE_enum (it would fail).
-  flags.DEFINE_enum(
-      "mesh_impl", "placement", ["placement", "simd"],
-      "Mesh implementation on CPU/GPU (--use_tpu always uses SIMD on the "
-      "TPU cores).")
 run_common.define_mesh_and_tpu_flags()
 
 # The original trained on examples shuffled once with this seed.
@@ -317,7 +310,7 @@ def _train(estimator, tokenizer, train_examples, num_train_steps):
       max_steps=num_train_steps)
 
 
-def _predict(estimator, tokenizer):
+def _predict(estimator, tokenizer, init_checkpoint):
   """Predicts --predict_file, writes the prediction files; returns the
   predictions {question id: text}."""
   eval_examples = read_squad_examples(
@@ -341,12 +334,17 @@ def _predict(estimator, tokenizer):
                len(eval_examples), len(eval_features),
                FLAGS.predict_batch_size)
 
+  # Predicting without training: output_dir's model, else (as the
+  # original's init_from_checkpoint did) the --init_checkpoint's weights.
+  checkpoint_path = None
+  if estimator.latest_checkpoint() is None and init_checkpoint:
+    checkpoint_path = init_checkpoint
   all_results = []
   for result in estimator.predict(
       input_fn_builder(input_file=writer.filename,
                        seq_length=FLAGS.max_seq_length, is_training=False,
                        drop_remainder=False),
-      yield_single_examples=True):
+      checkpoint_path=checkpoint_path, yield_single_examples=True):
     unique_id = int(result["unique_ids"])
     if unique_id < squad_data.FIRST_UNIQUE_ID:
       continue  # Padding of the last batch.
@@ -417,18 +415,18 @@ def main(_):
       num_train_steps=num_train_steps,
       num_warmup_steps=num_warmup_steps,
       use_tpu=FLAGS.use_tpu)
+  init_checkpoint = run_common.init_checkpoint_for(
+      FLAGS.init_checkpoint, bert_config, FLAGS.output_dir)
   estimator = run_common.make_estimator(
       model_fn, FLAGS.output_dir,
       train_batch_size=FLAGS.train_batch_size,
       predict_batch_size=FLAGS.predict_batch_size,
-      init_checkpoint=run_common.init_checkpoint_for(
-          FLAGS.init_checkpoint, bert_config, FLAGS.output_dir),
-      tf_random_seed=FLAGS.tf_random_seed)
+      init_checkpoint=init_checkpoint, tf_random_seed=FLAGS.tf_random_seed)
 
   if FLAGS.do_train:
     _train(estimator, tokenizer, train_examples, num_train_steps)
   if FLAGS.do_predict:
-    _score(_predict(estimator, tokenizer))
+    _score(_predict(estimator, tokenizer, init_checkpoint))
 
 
 if __name__ == "__main__":
