@@ -117,13 +117,6 @@ def _define_flags():
          "XNLI: the language of the training and dev data.")
   define("integer", "tf_random_seed", None,
          "Seed of initializers, dropout and shuffling (reproducible runs).")
-  if "mesh_impl" not in FLAGS:
-    # run_common.define passes the help text where DEFINE_enum expects its
-    # values; defined here until it passes it by keyword.
-    flags.DEFINE_enum(
-        "mesh_impl", "placement", ["placement", "simd"],
-        "Mesh implementation on CPU/GPU (--use_tpu always uses SIMD on the "
-        "TPU cores).")
   run_common.define_mesh_and_tpu_flags()
 
 
