@@ -1,9 +1,10 @@
 """Tests of run_squad: SQuAD reading, windows, predictions, scores, e2e.
 
 The scores, the reading, the windows and the predictions are checked on
-hand-worked cases; the binary fine-tunes the tiny config on generated
-SQuAD articles (example_data.write_squad: facts about people, each answer
-a word of the context) and must beat fixed-span baselines.
+hand-worked cases; the binary fine-tunes the shared pretraining run's
+tiny model (conftest) on generated SQuAD articles (example_data.
+write_squad: three facts about people per context, each answer a word of
+it) on the default `batch:8` mesh and must beat fixed-span baselines.
 """
 
 import json
@@ -376,7 +377,7 @@ def squad_flags(tmp_path, vocab_file, **overrides):
       vocab_file=vocab_file, bert_config_file=config,
       output_dir=str(tmp_path / "out"), max_seq_length=32,
       max_query_length=8, doc_stride=16, train_batch_size=16,
-      predict_batch_size=8, learning_rate=2e-3, num_train_epochs=5.0,
+      predict_batch_size=8, learning_rate=2e-3, num_train_epochs=8.0,
       warmup_proportion=0.1, iterations_per_loop=25,
       save_checkpoints_steps=1000, tf_random_seed=1, mesh_shape="batch:8",
       init_checkpoint=None)
@@ -398,14 +399,19 @@ def first_fact_baseline(dataset):
 
 
 @pytest.fixture(scope="module")
-def fine_tuned(tmp_path_factory, vocab_file):
+def fine_tuned(tmp_path_factory, pretrained_checkpoint):
+  """Fine-tunes the shared pretraining run's model (conftest) and
+  predicts; returns the flags."""
+  checkpoint, vocab_file, config_file = pretrained_checkpoint
   tmp_path = tmp_path_factory.mktemp("squad")
   train = generated_data.write_squad(tmp_path / "train.json",
                                      num_articles=100, seed=0)
   dev = generated_data.write_squad(tmp_path / "dev.json", num_articles=16,
                                    seed=1)
   values = squad_flags(tmp_path, vocab_file, do_train=True,
-                       do_predict=True, train_file=train, predict_file=dev)
+                       do_predict=True, train_file=train, predict_file=dev,
+                       init_checkpoint=checkpoint,
+                       bert_config_file=config_file)
   with flagsaver.flagsaver(**values):
     run_squad.main(None)
   return values
@@ -426,9 +432,11 @@ def test_fine_tuning_beats_fixed_span_baselines(fine_tuned):
   word_scores = squad_evaluation.evaluate(dataset, word)
   print(f"SQuAD fine-tuned {scores}, first fact {fact_scores}, first word "
         f"{word_scores}")
+  # Measured: 100 (from scratch it stalls near 65: telling "likes" from
+  # "has" needs the pretrained model); the first fact is right for 1/3.
   assert word_scores["exact_match"] == word_scores["f1"] == 0.0
-  assert scores["exact_match"] >= fact_scores["exact_match"] + 20
-  assert scores["f1"] >= fact_scores["f1"] + 20
+  assert fact_scores["exact_match"] == pytest.approx(100 / 3)
+  assert scores["exact_match"] >= 75.0 and scores["f1"] >= 75.0
 
 
 def test_fine_tuning_writes_n_best_and_the_squad_head(fine_tuned):
