@@ -45,7 +45,7 @@ MODES = (TRAIN, EVAL, TRAIN_AND_EVAL)
 OPTIMIZERS = ("adam", "adafactor")
 
 
-def define_flags():
+def _define_flags():
   """The binary's flags (each defined once per process, see run_common)."""
   define = run_common.define
   define("string", "bert_config_file", None,
@@ -94,7 +94,7 @@ def define_flags():
   run_common.define_mesh_and_tpu_flags()
 
 
-define_flags()
+_define_flags()
 
 
 def input_fn_builder(input_files, max_seq_length, max_predictions_per_seq,
@@ -275,10 +275,6 @@ def _require(name, why):
 
 def _input_files(name):
   """The files of --<name> (comma-separated globs), else of --input_file."""
-  if FLAGS[name].value and FLAGS.input_file:
-    raise ValueError(f"--{name} and --input_file are both given: give one "
-                     "(--input_file is Google BERT's name for both "
-                     "training and evaluation files).")
   if not (FLAGS[name].value or FLAGS.input_file):
     raise ValueError(f"--{name} (or --input_file) is required: the "
                      "pretraining TFRecord files.")
@@ -314,8 +310,11 @@ def _check_sizes(bert_config):
                "train_batch_size", "eval_batch_size"):
     if FLAGS[name].value < 1:
       raise ValueError(f"--{name}={FLAGS[name].value}: must be positive.")
-  max_positions = getattr(bert_config, "max_position_embeddings", None)
-  if max_positions and FLAGS.max_seq_length > max_positions:
+  # Learned absolute positions end at max_position_embeddings (relative
+  # attention has no such limit).
+  max_positions = bert_config.max_position_embeddings
+  if (bert_config.position_signal == "embedding" and
+      FLAGS.max_seq_length > max_positions):
     raise ValueError(
         f"--max_seq_length={FLAGS.max_seq_length} is longer than the "
         f"model's max_position_embeddings ({max_positions}) in "
