@@ -29,6 +29,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator as estimator_lib
+from mesh_tensorflow import tf_initializers
 from mesh_tensorflow.bert import bert as bert_lib
 from mesh_tensorflow.bert import optimization as optimization_lib
 from mesh_tensorflow.bert import run_common
@@ -119,7 +120,7 @@ def create_model(bert_config, is_training, input_ids, input_mask, segment_ids,
   """(start_logits, end_logits): mtf Tensors [batch, seq] of BERT's output.
 
   One dense layer "cls/squad/output" maps each token's hidden state to
-  two logits. mesh_shape and layout (default: the flags) reach BertModel's
+  two logits (kernel: truncated normal, stddev 0.02). mesh_shape and layout (default: the flags) reach BertModel's
   mixture-of-experts layers.
   """
   if mesh_shape is None:
@@ -139,8 +140,10 @@ def create_model(bert_config, is_training, input_ids, input_mask, segment_ids,
       model.get_sequence_output(),
       reduced_dims=[model.model_dim],
       new_dims=[class_dim],
-      kernel_initializer=tf.compat.v1.truncated_normal_initializer(
-          stddev=0.02),
+      # Seeded by the name, as BertModel's: every layout starts the same.
+      kernel_initializer=tf_initializers.seeded(
+          "truncated_normal_initializer",
+          tf_initializers.name_seed("cls/squad/output/kernel"), stddev=0.02),
       name="cls/squad/output")
   start_logits, end_logits = mtf.unstack(logits, dim=class_dim)
   return start_logits, end_logits

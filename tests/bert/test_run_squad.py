@@ -479,3 +479,60 @@ def test_bad_flag_is_one_paragraph_and_exit_1(tmp_path, vocab_file, capsys,
   error = err.splitlines()[-1]
   assert error.startswith("error: ") and re.search(message, error), err
   assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------- layouts
+
+LAYOUTS = {
+    "one": ("all:1", ""),
+    "batch:8": ("batch:8", "batch:batch"),
+    "model:8": ("model:8", "vocab:model,intermediate:model,num_heads:model"),
+    "b:2;m:4": ("b:2;m:4", "batch:b,vocab:m,intermediate:m,num_heads:m"),
+}
+
+
+def squad_head_program(mesh_shape, layout):
+  """The start logits and the training loss of create_model's SQuAD head
+  on the tiny config, eagerly on `mesh_shape` and `layout`."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.bert import bert  # pylint: disable=g-import-not-at-top
+  from tests import mtf_testing  # pylint: disable=g-import-not-at-top
+  config = bert.BertConfig.from_dict(generated_data.tiny_config())
+  rng = np.random.RandomState(0)
+  ids = rng.randint(7, config.vocab_size, size=(8, 16))
+  mask = (np.arange(16) < rng.randint(8, 17, size=(8, 1))).astype(np.int32)
+  segments = (np.arange(16) >= 6).astype(np.int32) * mask
+  positions = rng.randint(0, 8, size=(8, 2))
+
+  def build(mesh):
+    batch = mtf.Dimension("batch", 8)
+    seq = mtf.Dimension("seq", 16)
+    start, end = run_squad.create_model(
+        config, False,
+        mtf_testing.import_array(mesh, ids.astype(np.int32), [batch, seq]),
+        mtf_testing.import_array(mesh, mask, [batch, seq]),
+        mtf_testing.import_array(mesh, segments, [batch, seq]),
+        mesh_shape=mesh_shape, layout=layout)
+    loss = 0.0
+    for logits, column in ((start, 0), (end, 1)):
+      loss += run_squad._position_loss(  # pylint: disable=protected-access
+          logits, mtf_testing.import_array(
+              mesh, positions[:, column].astype(np.int32), [batch]), seq)
+    return {"start": start, "loss": loss / 2.0}, None, {}
+
+  values, _ = mtf_testing.run_program(mesh_shape, layout, "eager", build,
+                                      fetch_variables=False)
+  return values
+
+
+def test_squad_head_is_the_same_on_every_layout():
+  results = {name: squad_head_program(*spec)
+             for name, spec in LAYOUTS.items()}
+  # Initial loss near log(16) (padding takes no attention, not logits).
+  assert abs(results["one"]["loss"] - math.log(16)) < 0.5
+  for name, values in results.items():
+    for key in ("start", "loss"):
+      expected = results["one"][key]
+      assert values[key] == pytest.approx(expected, rel=1e-4, abs=1e-5), (
+          name, key)
