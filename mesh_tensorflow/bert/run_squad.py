@@ -120,8 +120,8 @@ def create_model(bert_config, is_training, input_ids, input_mask, segment_ids,
   """(start_logits, end_logits): mtf Tensors [batch, seq] of BERT's output.
 
   One dense layer "cls/squad/output" maps each token's hidden state to
-  two logits (kernel: truncated normal, stddev 0.02). mesh_shape and layout (default: the flags) reach BertModel's
-  mixture-of-experts layers.
+  two logits (kernel: truncated normal, stddev 0.02). mesh_shape and
+  layout (default: the flags) reach BertModel's mixture-of-experts layers.
   """
   if mesh_shape is None:
     mesh_shape = squad_data.flag_or_default("mesh_shape", "")
