@@ -86,6 +86,7 @@ def write_records(text_file, vocab_file, output_file, seed):
 
 
 def common_flags(directory, model_dir):
+  """The flags every stage of the run shares (not the mesh or the mode)."""
   return [f"--bert_config_file={directory}/bert_config.json",
           f"--output_dir={model_dir}",
           f"--max_seq_length={SEQ_LENGTH}",

@@ -6,9 +6,9 @@ the generated corpus, evaluating on held-out records at step 0 (a
 --do_eval of the initial weights) and at the end (train_and_eval). What
 a run with the fixed seeds gave (held-out records, 17 batches of 32):
 
-  step   masked_lm_accuracy  masked_lm_loss  next_sentence_acc.  loss
-  0      0.011               5.65            0.40                0.83
-  300    0.399               2.70            0.63                0.65
+  step  masked_lm_accuracy  masked_lm_loss  next_sentence_accuracy / loss
+  0     0.011               5.65            0.40 / 0.83
+  300   0.399               2.70            0.63 / 0.65
 
 against chance 1/127 = 0.008 and 0.227 for always guessing the most
 frequent masked token of the training records ("the").
