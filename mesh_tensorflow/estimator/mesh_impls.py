@@ -51,20 +51,28 @@ def mesh_runner(mesh_impl, fn):
   """A callable running fn(*args) on `mesh_impl`.
 
   For a SimdMeshImpl the call goes through `mesh_impl.run`, with nested
-  arguments flattened into the program's tensor arguments; the program is
-  one object, so SimdMeshImpl reuses its trace across calls.
+  arguments flattened into the program's tensor arguments (None leaves,
+  such as the labels of an input_fn giving features only, are left out and
+  put back); the program is one object, so SimdMeshImpl reuses its trace
+  across calls.
   """
   if not isinstance(mesh_impl, simd_mesh_impl.SimdMeshImpl):
     return fn
   structure = []
 
   def program(*flat_args):
-    return fn(*tf.nest.pack_sequence_as(structure[0], list(flat_args)))
+    args, size, present = structure[0]
+    flat = [None] * size
+    for index, value in zip(present, flat_args):
+      flat[index] = value
+    return fn(*tf.nest.pack_sequence_as(args, flat))
 
   def run(*args):
+    flat = tf.nest.flatten(args)
+    present = [i for i, value in enumerate(flat) if value is not None]
     if not structure:
-      structure.append(args)
-    return mesh_impl.run(program, *tf.nest.flatten(args))
+      structure.append((args, len(flat), present))
+    return mesh_impl.run(program, *[flat[i] for i in present])
 
   return run
 

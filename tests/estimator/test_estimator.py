@@ -112,6 +112,33 @@ def test_simd_trains_like_placement(tmp_path):
       placement.evaluate(toy_model.eval_input_fn)["loss"], rel=1e-5)
 
 
+def _labels_in_features(fn):
+  """fn's batches as features only: the targets under features["y"]."""
+  return lambda: fn().map(lambda features, labels: dict(features, y=labels))
+
+
+def _model_fn_reading_labels_from_features(features, labels, mode, params):
+  assert labels is None
+  features = dict(features)
+  targets = features.pop("y")
+  return toy_model.model_fn(features, targets, mode, params)
+
+
+def test_simd_runs_input_fns_without_labels(tmp_path):
+  """An input_fn may give features only (BERT's do): labels are None."""
+  runs = {}
+  for mesh_impl in ("placement", "simd"):
+    config = estimator.RunConfig(
+        model_dir=str(tmp_path / mesh_impl), mesh_shape="b:2;m:4",
+        layout="batch:b;hidden:m", mesh_impl=mesh_impl)
+    est = estimator.Estimator(_model_fn_reading_labels_from_features,
+                              config=config, params={"learning_rate": 0.1})
+    est.train(_labels_in_features(toy_model.input_fn), steps=2)
+    runs[mesh_impl] = est.evaluate(
+        _labels_in_features(toy_model.eval_input_fn))["loss"]
+  assert runs["simd"] == pytest.approx(runs["placement"], rel=1e-5)
+
+
 def test_export_serves_on_one_device_like_the_8_processor_model(tmp_path):
   est = toy_model.make_estimator(tmp_path, mesh_shape="b:2;m:4",
                                  layout="batch:b;hidden:m")
