@@ -377,7 +377,7 @@ def squad_flags(tmp_path, vocab_file, **overrides):
       vocab_file=vocab_file, bert_config_file=config,
       output_dir=str(tmp_path / "out"), max_seq_length=32,
       max_query_length=8, doc_stride=16, train_batch_size=16,
-      predict_batch_size=8, learning_rate=2e-3, num_train_epochs=8.0,
+      predict_batch_size=8, learning_rate=2e-3, num_train_epochs=16.0,
       warmup_proportion=0.1, iterations_per_loop=25,
       save_checkpoints_steps=1000, tf_random_seed=1, mesh_shape="batch:8",
       init_checkpoint=None)
@@ -432,8 +432,9 @@ def test_fine_tuning_beats_fixed_span_baselines(fine_tuned):
   word_scores = squad_evaluation.evaluate(dataset, word)
   print(f"SQuAD fine-tuned {scores}, first fact {fact_scores}, first word "
         f"{word_scores}")
-  # Measured: 100 (from scratch it stalls near 65: telling "likes" from
-  # "has" needs the pretrained model); the first fact is right for 1/3.
+  # Measured: 100 with tf_random_seed 1, 2 and 3 (after 8 epochs 73-100;
+  # from scratch it stalls near 65: telling "likes" from "has" needs the
+  # pretrained model). The first fact is right for 1/3 of the questions.
   assert word_scores["exact_match"] == word_scores["f1"] == 0.0
   assert fact_scores["exact_match"] == pytest.approx(100 / 3)
   assert scores["exact_match"] >= 75.0 and scores["f1"] >= 75.0
