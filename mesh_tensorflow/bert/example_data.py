@@ -110,7 +110,7 @@ def _document_sentences(rng, topic, count):
                        f"the {b} .")
     else:
       sentences.append(f"the {a} of {rng.choice(places)} has "
-                       f"{rng.choice(foods)} , the {b} too .")
+                       f"{rng.choice(foods)} and the {b} .")
   return sentences
 
 

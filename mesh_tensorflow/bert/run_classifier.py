@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator
+from mesh_tensorflow import tf_initializers
 from mesh_tensorflow.bert import bert as bert_lib
 from mesh_tensorflow.bert import optimization as optimization_lib
 from mesh_tensorflow.bert import run_common
@@ -153,7 +154,10 @@ def create_model(bert_config, is_training, input_ids, input_mask,
   mesh = input_ids.mesh
   output_weights = mtf.get_variable(
       mesh, "output_weights", shape=[num_labels_dim, hidden_dim],
-      initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.02))
+      # Seeded by the name, as BertModel's: every layout starts the same.
+      initializer=tf_initializers.seeded(
+          "truncated_normal_initializer",
+          tf_initializers.name_seed("output_weights"), stddev=0.02))
   output_bias = mtf.get_variable(
       mesh, "output_bias", shape=[num_labels_dim],
       initializer=tf.compat.v1.zeros_initializer())

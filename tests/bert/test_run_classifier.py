@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import mesh_tensorflow as mtf
+from mesh_tensorflow.bert import bert as bert_lib
 from mesh_tensorflow.bert import example_data
 from mesh_tensorflow.bert import run_classifier
 from mesh_tensorflow.bert import run_common
 from mesh_tensorflow.bert import tokenization
+from tests import mtf_testing
 from tests.bert import generated_data
 from tests.bert.generated_data import TOPICS
 
@@ -424,3 +427,48 @@ def test_bad_flag_is_one_paragraph(files, tmp_path, monkeypatch, capsys):
   assert error.startswith("error: ")
   assert error.endswith("--task_name='nope': task not found; expected one "
                         "of ['cola', 'mnli', 'mrpc', 'xnli'].")
+
+
+# ----------------------------------------------------------------- layouts
+
+LAYOUTS = {
+    "one": ("all:1", ""),
+    "batch:8": ("batch:8", "batch:batch"),
+    "model:8": ("model:8", "vocab:model,intermediate:model,num_heads:model"),
+    "b:2;m:4": ("b:2;m:4", "batch:b,vocab:m,intermediate:m,num_heads:m"),
+}
+
+
+def classifier_program(mesh_shape, layout):
+  """create_model's loss and probabilities (training: dropout on) for the
+  tiny config, eagerly on `mesh_shape` and `layout`."""
+  config = bert_lib.BertConfig.from_dict(generated_data.tiny_config())
+  rng = np.random.RandomState(0)
+  ids = rng.randint(7, config.vocab_size, size=(8, 16)).astype(np.int32)
+  mask = (np.arange(16) < rng.randint(8, 17, size=(8, 1))).astype(np.int32)
+  segments = (np.arange(16) >= 6).astype(np.int32) * mask
+  labels = rng.randint(0, 2, size=(8,)).astype(np.int32)
+
+  def build(mesh):
+    batch, seq = mtf.Dimension("batch", 8), mtf.Dimension("seq", 16)
+    loss, _, _, probabilities = run_classifier.create_model(
+        config, True, *(mtf_testing.import_array(mesh, a, [batch, seq])
+                        for a in (ids, mask, segments)),
+        mtf_testing.import_array(mesh, labels, [batch]),
+        mtf.Dimension("num_labels", 2), layout, mesh_shape)
+    return {"loss": loss, "probabilities": probabilities}, None, {}
+
+  values, _ = mtf_testing.run_program(mesh_shape, layout, "eager", build,
+                                      fetch_variables=False)
+  return values
+
+
+def test_classifier_is_the_same_on_every_layout():
+  """The head's initial weights and dropout do not depend on the layout."""
+  results = {name: classifier_program(*spec)
+             for name, spec in LAYOUTS.items()}
+  assert abs(results["one"]["loss"] - np.log(2)) < 0.2
+  for name, values in results.items():
+    for key in ("loss", "probabilities"):
+      np.testing.assert_allclose(values[key], results["one"][key],
+                                 rtol=1e-4, atol=1e-5, err_msg=name)
