@@ -42,10 +42,6 @@ TRAIN_STEPS = 300
 WARMUP_STEPS = 30
 LEARNING_RATE = 3e-3
 SEED = 1
-# About 1/sqrt(hidden size): with BERT's 0.02 the tiny model's tied output
-# logits start near 0 and it predicts the most frequent token for hundreds
-# of steps.
-INITIALIZER_RANGE = 0.2
 
 
 def run_main(*args):
@@ -106,7 +102,7 @@ def pretrain(directory):
   os.makedirs(directory)
   vocab = generated_data.write_vocab(f"{directory}/vocab.txt")
   config = generated_data.write_config(f"{directory}/bert_config.json",
-                                       initializer_range=INITIALIZER_RANGE)
+                                       **generated_data.PRETRAINING_OVERRIDES)
   train_text = corpus.write_corpus(f"{directory}/train.txt")
   eval_text = corpus.write_corpus(f"{directory}/held_out.txt",
                                   num_documents=40,

@@ -23,7 +23,6 @@ from mesh_tensorflow.bert import run_common
 from mesh_tensorflow.bert import tokenization
 from tests import mtf_testing
 from tests.bert import generated_data
-from tests.bert.generated_data import TOPICS
 
 FLAGS = flags.FLAGS
 SEQ = 16  # "[CLS] the a and the b . [SEP] a c is with the d . [SEP]"
@@ -256,32 +255,11 @@ def _read_results(path):
 NUM_TRAIN, NUM_DEV, NUM_TEST = 512, 60, 20
 
 
-def write_mrpc(data_dir, seed=0):
-  """MRPC-format TSVs whose label the tiny model learns in a few dozen
-  steps: 1 when sentence 2 is about animals (TOPICS[0]), 0 when about
-  colours (TOPICS[1]); sentence 1 is about any topic. Labels alternate.
-
-  (example_data's paraphrase pairs, whose label compares the two
-  sentences' topics, stay at chance within this test's budget, from the
-  shared pretraining checkpoint or from scratch: a comparison of two
-  sentences is an XOR-like target a 2-layer, 32-wide model does not pick
-  up in a few hundred steps.)
-  """
-  os.makedirs(data_dir, exist_ok=True)
-  rng = np.random.default_rng(seed)
-  header = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
-  for split, count in (("train", NUM_TRAIN), ("dev", NUM_DEV),
-                       ("test", NUM_TEST)):
-    rows = [["index"] + header[1:] if split == "test" else header]
-    for i in range(count):
-      label = i % 2
-      a, b = rng.choice(TOPICS[rng.integers(len(TOPICS))], 2, replace=False)
-      c, d = rng.choice(TOPICS[label], 2, replace=False)
-      rows.append([str(i if split == "test" else label), str(2 * i),
-                   str(2 * i + 1), f"the {a} and the {b} .",
-                   f"a {c} is with the {d} ."])
-    _write(os.path.join(data_dir, f"{split}.tsv"), rows)
-  return str(data_dir)
+def write_mrpc(data_dir):
+  """The README's MRPC example data (example_data.write_mrpc), whose label
+  the tiny model learns in a few dozen steps."""
+  return example_data.write_mrpc(data_dir, num_train=NUM_TRAIN,
+                                 num_dev=NUM_DEV, num_test=NUM_TEST)
 
 
 @pytest.fixture(scope="module")
