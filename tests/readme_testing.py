@@ -63,6 +63,8 @@ COVERAGE = {
         "the same calls with two tasks on this machine"],
     "IndivisibleError: Tensor import:0": [
         f"{PROGRAMS}::test_error_message_example_is_the_real_one"],
+    "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [
+        "tests/bert/test_readme_commands.py::test_readme_bert_commands"],
     "setup.py             installs": [
         f"{PROGRAMS}::test_repository_layout_names_real_paths"],
 }
