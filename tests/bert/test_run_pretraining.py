@@ -75,10 +75,11 @@ def test_train_and_eval_writes_eval_results_and_checkpoint(pretraining_run):
       f"model.ckpt-{conftest.TRAIN_STEPS}")
 
 
+@pytest.mark.parametrize("mesh_impl", ["placement", "simd"])
 def test_eval_mode_on_the_checkpoint_under_another_mesh(pretraining_run,
-                                                        tmp_path):
-  """--mode=eval of the final checkpoint on batch:2;model:4 gives the
-  metrics train_and_eval computed on batch:8."""
+                                                        tmp_path, mesh_impl):
+  """--mode=eval of the final checkpoint on batch:2;model:4 (placement or
+  SIMD) gives the metrics train_and_eval computed on batch:8."""
   model_dir = tmp_path / "model"
   model_dir.mkdir()
   prefix = f"model.ckpt-{conftest.TRAIN_STEPS}"
@@ -89,6 +90,7 @@ def test_eval_mode_on_the_checkpoint_under_another_mesh(pretraining_run,
                   if not f.startswith("--output_dir")]
   conftest.run_main(*flags_of_run, f"--output_dir={model_dir}",
                     "--mesh_shape=batch:2;model:4", "--mode=eval",
+                    f"--mesh_impl={mesh_impl}",
                     f"--input_eval_files={pretraining_run['eval_records']}")
   results = conftest.read_eval_results(model_dir / "eval_results.txt")
   expected = pretraining_run["evals"][conftest.TRAIN_STEPS]
@@ -97,6 +99,33 @@ def test_eval_mode_on_the_checkpoint_under_another_mesh(pretraining_run,
     assert results[name] == pytest.approx(expected[name], rel=1e-4), name
   for name in ("masked_lm_accuracy", "next_sentence_accuracy"):
     assert results[name] == pytest.approx(expected[name], abs=2e-3), name
+
+
+def test_simd_trains_like_placement(pretraining_run, tmp_path):
+  """Three training steps on SIMD (b:2;m:4) give placement's (batch:8)
+  weights: the binary runs on either implementation."""
+  flags_of_run = [f for f in pretraining_run["common_flags"]
+                  if not f.startswith(("--output_dir", "--iterations"))]
+  weights = {}
+  for mesh_impl, mesh_shape in (("placement", "batch:8"),
+                                ("simd", "batch:2;model:4")):
+    output_dir = tmp_path / mesh_impl
+    conftest.run_main(*flags_of_run, f"--output_dir={output_dir}",
+                      f"--mesh_shape={mesh_shape}", f"--mesh_impl={mesh_impl}",
+                      "--do_train", "--num_train_steps=3",
+                      "--iterations_per_loop=3",
+                      f"--input_file={pretraining_run['train_records']}")
+    checkpoint = tf.train.latest_checkpoint(str(output_dir))
+    assert checkpoint.endswith("model.ckpt-3"), checkpoint
+    weights[mesh_impl] = {
+        name: tf.train.load_variable(checkpoint, name)
+        for name, _ in tf.train.list_variables(checkpoint)
+        if name.startswith(("bert/", "cls/"))}
+  assert len(weights["simd"]) > 20
+  assert set(weights["simd"]) == set(weights["placement"])
+  for name, value in weights["placement"].items():
+    np.testing.assert_allclose(weights["simd"][name], value, rtol=1e-4,
+                               atol=1e-6, err_msg=name)
 
 
 def _write_records(path, count):
