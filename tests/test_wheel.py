@@ -120,8 +120,15 @@ assert pathlib.Path(folder).resolve().is_relative_to(scratch), folder
 for name in gin_files:
   path = pathlib.Path(utils.find_gin_file(name, [folder]))
   assert path.resolve().is_relative_to(scratch), (name, path)
+from mesh_tensorflow.bert import bert
+configs = pathlib.Path(bert.__file__).parent / "config"
+assert configs.resolve().is_relative_to(scratch), configs
+names = sorted(p.name for p in configs.glob("*.json"))
+assert len(names) == 14 and "base.json" in names, names
+for name in names:
+  bert.BertConfig.from_json_file(str(configs / name))
 print("version", mtf.__version__, "modules", len(modules), "gin",
-      len(gin_files))
+      len(gin_files), "bert configs", len(names))
 """
 
 

@@ -44,14 +44,20 @@ flags.DEFINE_string("model_dir", "/tmp/transformer_standalone",
                     "The run's directory: checkpoints, summaries, config.")
 flags.DEFINE_string("tpu", None, "The Cloud TPU to use (default: none, run "
                     "on this machine's CPUs/GPUs).")
-flags.DEFINE_string("gcp_project", None, "The GCP project of the TPU.")
-flags.DEFINE_string("tpu_zone", None, "The GCE zone of the TPU.")
+# --gcp_project, --tpu_zone and --show_traceback mean the same in the BERT
+# binaries (mesh_tensorflow.bert), which define them too: a process
+# importing both (a test run, the wheel's import check) defines them once.
+if "gcp_project" not in flags.FLAGS:
+  flags.DEFINE_string("gcp_project", None, "The GCP project of the TPU.")
+if "tpu_zone" not in flags.FLAGS:
+  flags.DEFINE_string("tpu_zone", None, "The GCE zone of the TPU.")
 flags.DEFINE_string("tpu_job_name", None, "The TPU worker job's name.")
 flags.DEFINE_multi_string("module_import", None, "Modules to import first "
                           "(e.g. ones registering TFDS datasets or gin "
                           "configurables).")
-flags.DEFINE_boolean("show_traceback", False, "On an error, also print the "
-                     "Python traceback.")
+if "show_traceback" not in flags.FLAGS:
+  flags.DEFINE_boolean("show_traceback", False, "On an error, also print "
+                       "the Python traceback.")
 flags.DEFINE_string("worker_hosts", None, "Comma-separated host:port of "
                     "every task of a TensorFlow cluster to train on "
                     "(default: this process alone).")

@@ -21,6 +21,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import errors as mtf_errors
 from mesh_tensorflow import estimator
+from mesh_tensorflow.bert import google_checkpoint
 from mesh_tensorflow.transformer import run_devices
 
 FLAGS = flags.FLAGS
@@ -122,7 +123,6 @@ def init_checkpoint_for(init_checkpoint, bert_config, output_dir):
   """
   if not init_checkpoint:
     return None
-  from mesh_tensorflow.bert import google_checkpoint  # pylint: disable=g-import-not-at-top
   return google_checkpoint.prepare_init_checkpoint(
       init_checkpoint, bert_config, output_dir)
 
