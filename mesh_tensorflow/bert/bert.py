@@ -32,7 +32,6 @@ are seeded by those names: every mesh and layout starts from the same model.
 import collections
 import copy
 import json
-import math
 import re
 
 from absl import logging
@@ -42,6 +41,8 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow import layer_helpers
 from mesh_tensorflow import tf_initializers
 from mesh_tensorflow.transformer import moe
+# T5's relative position buckets, which BERT's relative configs use too.
+from mesh_tensorflow.transformer.self_attention_layers import _relative_position_bucket  # pylint: disable=protected-access
 
 # Google's BERT JSON keys -> BertConfig parameters.
 _GOOGLE_KEYS = {
@@ -768,41 +769,6 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
     initialized_variable_names[name] = 1
     initialized_variable_names[name + ":0"] = 1
   return assignment_map, initialized_variable_names
-
-
-def _relative_position_bucket(relative_position, bidirectional=True,
-                              num_buckets=32, max_distance=128):
-  """Bucket numbers of relative positions (memory - query), as in T5.
-
-  Small distances get a bucket each, larger ones logarithmically wider
-  buckets, and every distance of `max_distance` or more the last one; with
-  `bidirectional`, half the buckets are for keys after the query.
-
-  Args:
-    relative_position: an int32 mtf Tensor.
-    bidirectional: whether keys after the query are valid.
-    num_buckets: an int.
-    max_distance: an int.
-
-  Returns:
-    an int32 Tensor like relative_position, values in [0, num_buckets).
-  """
-  ret = 0
-  n = -relative_position
-  if bidirectional:
-    num_buckets //= 2
-    ret += mtf.to_int32(mtf.less(n, 0)) * num_buckets
-    n = mtf.abs(n)
-  else:
-    n = mtf.maximum(n, 0)
-  max_exact = num_buckets // 2
-  is_small = mtf.less(n, max_exact)
-  # max(n, 1) keeps the log finite where n is small (that value is unused).
-  val_if_large = max_exact + mtf.to_int32(
-      mtf.log(mtf.to_float(mtf.maximum(n, 1)) / max_exact)
-      / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-  val_if_large = mtf.minimum(val_if_large, num_buckets - 1)
-  return ret + mtf.where(is_small, n, val_if_large)
 
 
 def layer_norm(x, dim, epsilon=1e-6, subtract_mean=True, use_scale=True,

@@ -159,24 +159,40 @@ class XnliProcessor(DataProcessor):
     return ["contradiction", "entailment", "neutral"]
 
 
-class MnliProcessor(DataProcessor):
-  """MultiNLI (GLUE version), matched dev and test sets."""
+class _GlueProcessor(DataProcessor):
+  """A GLUE task of train.tsv, dev.tsv and test.tsv files (or the files
+  _SPLITS names: split -> (file, set type)) read by _create_examples."""
+
+  _SPLITS = {"train": ("train.tsv", "train"), "dev": ("dev.tsv", "dev"),
+             "test": ("test.tsv", "test")}
+
+  def _split_examples(self, data_dir, split):
+    file_name, set_type = self._SPLITS[split]
+    return self._create_examples(
+        self._read_tsv(os.path.join(data_dir, file_name)), set_type)
 
   def get_train_examples(self, data_dir):
     """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "train.tsv")), "train")
+    return self._split_examples(data_dir, "train")
 
   def get_dev_examples(self, data_dir):
     """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "dev_matched.tsv")),
-        "dev_matched")
+    return self._split_examples(data_dir, "dev")
 
   def get_test_examples(self, data_dir):
     """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "test_matched.tsv")), "test")
+    return self._split_examples(data_dir, "test")
+
+  def _create_examples(self, lines, set_type):
+    raise NotImplementedError()
+
+
+class MnliProcessor(_GlueProcessor):
+  """MultiNLI (GLUE version), matched dev and test sets."""
+
+  _SPLITS = {"train": ("train.tsv", "train"),
+             "dev": ("dev_matched.tsv", "dev_matched"),
+             "test": ("test_matched.tsv", "test")}
 
   def get_labels(self):
     """See base class."""
@@ -198,23 +214,8 @@ class MnliProcessor(DataProcessor):
     return examples
 
 
-class MrpcProcessor(DataProcessor):
+class MrpcProcessor(_GlueProcessor):
   """Microsoft Research Paraphrase Corpus (GLUE version)."""
-
-  def get_train_examples(self, data_dir):
-    """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "train.tsv")), "train")
-
-  def get_dev_examples(self, data_dir):
-    """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "dev.tsv")), "dev")
-
-  def get_test_examples(self, data_dir):
-    """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "test.tsv")), "test")
 
   def get_labels(self):
     """See base class."""
@@ -234,23 +235,8 @@ class MrpcProcessor(DataProcessor):
     return examples
 
 
-class ColaProcessor(DataProcessor):
+class ColaProcessor(_GlueProcessor):
   """Corpus of Linguistic Acceptability (GLUE version): single sentences."""
-
-  def get_train_examples(self, data_dir):
-    """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "train.tsv")), "train")
-
-  def get_dev_examples(self, data_dir):
-    """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "dev.tsv")), "dev")
-
-  def get_test_examples(self, data_dir):
-    """See base class."""
-    return self._create_examples(
-        self._read_tsv(os.path.join(data_dir, "test.tsv")), "test")
 
   def get_labels(self):
     """See base class."""
