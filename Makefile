@@ -34,7 +34,8 @@ $(T5_STAMP): $(STAMP) $(T5_CLIENT)
 # AVX-512 servers and off elsewhere, with other limits (softmax rank <= 5)
 # and summation orders. The whole suite runs in one setting (on by default:
 # the stricter one, and what most servers run) and these tests, which cover
-# the rank-limited kernels, 2-D local attention and a pipelined binary run,
+# the rank-limited kernels, 2-D local attention, a pipelined binary run and
+# BERT (with its mixture-of-experts and relative-attention configs),
 # in the other.
 ONEDNN ?= 1
 ONEDNN_OTHER := $(if $(filter 0,$(ONEDNN)),1,0)
@@ -43,7 +44,8 @@ BOTH_SETTINGS_TESTS := \
 	tests/test_local_attention_layers.py \
 	tests/transformer/test_funnel_transformer.py \
 	"tests/test_random_programs.py::test_random_programs_agree_with_one_processor[0]" \
-	tests/transformer/test_pipelined_run_modes.py::test_perplexity_eval_is_the_plain_models
+	tests/transformer/test_pipelined_run_modes.py::test_perplexity_eval_is_the_plain_models \
+	tests/bert/test_bert.py
 PYTEST := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q
 
 test: $(STAMP) $(T5_STAMP)
