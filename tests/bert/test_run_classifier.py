@@ -23,6 +23,8 @@ from mesh_tensorflow.bert import run_common
 from mesh_tensorflow.bert import tokenization
 from tests import mtf_testing
 from tests.bert import generated_data
+from tests.bert import numpy_bert
+from tests.bert import test_bert
 
 FLAGS = flags.FLAGS
 SEQ = 16  # "[CLS] the a and the b . [SEP] a c is with the d . [SEP]"
@@ -385,6 +387,39 @@ def test_tf1_checkpoint_with_original_names_initialises_fine_tuning(
     np.testing.assert_array_equal(tf.train.load_variable(saved, name), value,
                                   err_msg=name)
   assert tf.train.load_variable(saved, "output_weights").shape == (2, 32)
+
+
+def test_googles_checkpoint_initialises_fine_tuning(files, tmp_path):
+  """--init_checkpoint of a release in google-research/bert's names: the
+  binary converts it (heads split out, vocabulary padded) and starts from
+  its weights."""
+  config = generated_data.tiny_config()
+  weights = numpy_bert.random_google_weights(config, seed=2)
+  weights["global_step"] = np.int64(1000)
+  release = tmp_path / "uncased_tiny"
+  release.mkdir()
+  checkpoint = test_bert.save_with_tf1_saver(
+      weights, str(release / "bert_model.ckpt"))
+  data_dir = example_data.write_mrpc(tmp_path / "MRPC", num_train=8,
+                                     num_dev=8, num_test=8)
+  output_dir = tmp_path / "output"
+  run_main(**files, data_dir=data_dir, output_dir=str(output_dir),
+           init_checkpoint=checkpoint, do_train=True, train_batch_size=8,
+           num_train_epochs=1, warmup_proportion=1.0)
+  assert (output_dir / "google_init").is_dir()
+  saved = tf.train.latest_checkpoint(str(output_dir))
+  assert saved.endswith("model.ckpt-1")  # Weights only, not the step.
+  hidden, heads = config["hidden_size"], config["num_attention_heads"]
+  google = "bert/encoder/layer_1/attention/self/query/kernel"
+  np.testing.assert_array_equal(
+      tf.train.load_variable(saved,
+                             "bert/encoder/block_1/attention/query/kernel"),
+      weights[google].reshape(hidden, heads, hidden // heads))
+  embeddings = tf.train.load_variable(saved, "bert/embeddings/word_embeddings")
+  vocab = config["vocab_size"]
+  assert embeddings.shape == (128, hidden)
+  np.testing.assert_array_equal(embeddings[:vocab],
+                                weights["bert/embeddings/word_embeddings"])
 
 
 def test_bad_flag_is_one_paragraph(files, tmp_path, monkeypatch, capsys):
