@@ -329,18 +329,27 @@ def _train(est, processor, label_list, tokenizer, num_train_steps):
       drop_remainder=True), max_steps=num_train_steps)
 
 
+def _padded_features_file(examples, batch_size, name, label_list,
+                          tokenizer):
+  """Writes `examples`, padded to whole batches, as output_dir/<name>.
+  tf_record; returns (the padded examples, the file's path)."""
+  padded = _padded(examples, batch_size)
+  path = os.path.join(FLAGS.output_dir, f"{name}.tf_record")
+  file_based_convert_examples_to_features(
+      padded, label_list, FLAGS.max_seq_length, tokenizer, path)
+  logging.info("***** Running %s: %d examples (%d actual, %d padding), "
+               "batch size %d *****", name, len(padded), len(examples),
+               len(padded) - len(examples), batch_size)
+  return padded, path
+
+
 def _evaluate(est, processor, label_list, tokenizer):
   """Evaluates on the dev set; writes output_dir/eval_results.txt."""
   examples = processor.get_dev_examples(FLAGS.data_dir)
   if not examples:
     raise ValueError(f"No dev examples in --data_dir={FLAGS.data_dir}.")
-  padded = _padded(examples, FLAGS.eval_batch_size)
-  eval_file = os.path.join(FLAGS.output_dir, "eval.tf_record")
-  file_based_convert_examples_to_features(
-      padded, label_list, FLAGS.max_seq_length, tokenizer, eval_file)
-  logging.info("***** Running evaluation: %d examples (%d actual, %d "
-               "padding), batch size %d *****", len(padded), len(examples),
-               len(padded) - len(examples), FLAGS.eval_batch_size)
+  padded, eval_file = _padded_features_file(
+      examples, FLAGS.eval_batch_size, "eval", label_list, tokenizer)
   result = est.evaluate(input_fn=file_based_input_fn_builder(
       eval_file, FLAGS.max_seq_length, is_training=False,
       drop_remainder=True), steps=len(padded) // FLAGS.eval_batch_size)
@@ -359,13 +368,8 @@ def _predict(est, processor, label_list, tokenizer, task_name):
   except NotImplementedError:
     raise ValueError(f"--do_predict: task {task_name} has no test set "
                      "reader (as in the original).") from None
-  padded = _padded(examples, FLAGS.predict_batch_size)
-  predict_file = os.path.join(FLAGS.output_dir, "predict.tf_record")
-  file_based_convert_examples_to_features(
-      padded, label_list, FLAGS.max_seq_length, tokenizer, predict_file)
-  logging.info("***** Running prediction: %d examples (%d actual, %d "
-               "padding), batch size %d *****", len(padded), len(examples),
-               len(padded) - len(examples), FLAGS.predict_batch_size)
+  _, predict_file = _padded_features_file(
+      examples, FLAGS.predict_batch_size, "predict", label_list, tokenizer)
   results = est.predict(input_fn=file_based_input_fn_builder(
       predict_file, FLAGS.max_seq_length, is_training=False,
       drop_remainder=True))
