@@ -47,13 +47,26 @@ def binary_reduction(reduction_fn_string, dtype):
   return table[reduction_fn_string]
 
 
-def _check_group(xs, devices, what):
-  if len(devices) != len(xs):
-    raise ValueError(
-        f"{what}: got {len(xs)} tensors but {len(devices)} devices; give "
-        "one device per tensor.")
-  if not xs:
-    raise ValueError(f"{what}: needs at least one tensor.")
+def _group_collective(fn):
+  """Checks a collective's `xs` against its `devices`, as every one must.
+
+  A group of one member needs no communication: it gets its tensor back.
+  """
+
+  @functools.wraps(fn)
+  def checked(xs, devices, *args, **kwargs):
+    what = fn.__name__
+    if len(devices) != len(xs):
+      raise ValueError(
+          f"{what}: got {len(xs)} tensors but {len(devices)} devices; give "
+          "one device per tensor.")
+    if not xs:
+      raise ValueError(f"{what}: needs at least one tensor.")
+    if len(xs) == 1:
+      return list(xs)
+    return fn(xs, devices, *args, **kwargs)
+
+  return checked
 
 
 def _copy_to(device, x):
@@ -61,6 +74,26 @@ def _copy_to(device, x):
     return tf.identity(x)
 
 
+def _on_each(devices, fn, *per_member):
+  """[fn(per_member[0][i], ...) on devices[i] for every member i]."""
+  out = []
+  for i, device in enumerate(devices):
+    with tf.device(device):
+      out.append(fn(*(values[i] for values in per_member)))
+  return out
+
+
+def _split_each(xs, devices, axis):
+  """Each member's tensor cut into len(xs) pieces on `axis`, on its device."""
+  return _on_each(devices, lambda x: tf.split(x, len(xs), axis=axis), xs)
+
+
+def _concat_each(devices, pieces, axis):
+  """Each member's list of pieces concatenated on `axis`, on its device."""
+  return _on_each(devices, lambda p: tf.concat(p, axis=axis), pieces)
+
+
+@_group_collective
 def allreduce_ring_single_shard(xs, devices, reduction_fn_string="SUM"):
   """Reduces `xs` and gives every member the result, along one chain.
 
@@ -76,10 +109,7 @@ def allreduce_ring_single_shard(xs, devices, reduction_fn_string="SUM"):
   Returns:
     n tf.Tensors, the i-th on devices[i].
   """
-  _check_group(xs, devices, "allreduce_ring_single_shard")
   n = len(xs)
-  if n == 1:
-    return list(xs)
   reduce_fn = binary_reduction(reduction_fn_string, xs[0].dtype)
   # The left chain takes members 0..left_middle, the right chain the rest;
   # the middle member(s) (one when n is odd) combine the two.
@@ -103,6 +133,7 @@ def allreduce_ring_single_shard(xs, devices, reduction_fn_string="SUM"):
   return out
 
 
+@_group_collective
 def allreduce_ring(xs, devices, reduction_fn_string="SUM"):
   """Reduces `xs` and gives every member the result, over the whole ring.
 
@@ -120,18 +151,14 @@ def allreduce_ring(xs, devices, reduction_fn_string="SUM"):
   Returns:
     n tf.Tensors, the i-th on devices[i].
   """
-  _check_group(xs, devices, "allreduce_ring")
   n = len(xs)
-  if n == 1:
-    return list(xs)
   shape = slice_utils.static_shape(xs[0])
   size = None if None in shape else shape_lib.list_product(shape)
   if size is None or size < _MIN_SHARDED_SIZE or size % n:
     return allreduce_ring_single_shard(xs, devices, reduction_fn_string)
-  shards = []  # shards[i][k]: member i's shard k.
-  for x, device in zip(xs, devices):
-    with tf.device(device):
-      shards.append(tf.split(tf.reshape(x, [-1]), n))
+  # shards[i][k]: member i's shard k.
+  shards = _split_each(
+      _on_each(devices, lambda x: tf.reshape(x, [-1]), xs), devices, 0)
   reduced = [[None] * n for _ in range(n)]
   for k in range(n):
     order = [(i + k) % n for i in range(n)]
@@ -140,13 +167,11 @@ def allreduce_ring(xs, devices, reduction_fn_string="SUM"):
                                      reduction_fn_string)
     for i, y in zip(order, ys):
       reduced[i][k] = y
-  out = []
-  for i, device in enumerate(devices):
-    with tf.device(device):
-      out.append(tf.reshape(tf.concat(reduced[i], axis=0), shape))
-  return out
+  return _on_each(devices, lambda r: tf.reshape(tf.concat(r, axis=0), shape),
+                  reduced)
 
 
+@_group_collective
 def reduce_scatter_ring(xs, devices, split_axis, reduction_fn_string="SUM"):
   """Member k gets piece k (of n on `split_axis`) of the reduction of `xs`.
 
@@ -163,15 +188,9 @@ def reduce_scatter_ring(xs, devices, split_axis, reduction_fn_string="SUM"):
   Returns:
     n tf.Tensors, the k-th on devices[k].
   """
-  _check_group(xs, devices, "reduce_scatter_ring")
   n = len(xs)
-  if n == 1:
-    return list(xs)
   reduce_fn = binary_reduction(reduction_fn_string, xs[0].dtype)
-  pieces = []
-  for x, device in zip(xs, devices):
-    with tf.device(device):
-      pieces.append(tf.split(x, n, axis=split_axis))
+  pieces = _split_each(xs, devices, split_axis)
   out = []
   for k in range(n):
     total = pieces[(k + 1) % n][k]
@@ -183,6 +202,7 @@ def reduce_scatter_ring(xs, devices, split_axis, reduction_fn_string="SUM"):
   return out
 
 
+@_group_collective
 def allconcat_ring(xs, devices, concat_axis):
   """Gives every member the concatenation of `xs` on `concat_axis`.
 
@@ -197,10 +217,7 @@ def allconcat_ring(xs, devices, concat_axis):
   Returns:
     n tf.Tensors, the i-th on devices[i].
   """
-  _check_group(xs, devices, "allconcat_ring")
   n = len(xs)
-  if n == 1:
-    return list(xs)
   have = [{i: xs[i]} for i in range(n)]  # have[member][source]
   for distance in range(1, n // 2 + 1):
     for member in range(n):
@@ -210,14 +227,11 @@ def allconcat_ring(xs, devices, concat_axis):
           neighbour = (member + step) % n
           have[member][source] = _copy_to(devices[member],
                                           have[neighbour][source])
-  out = []
-  for member, device in enumerate(devices):
-    with tf.device(device):
-      out.append(tf.concat([have[member][s] for s in range(n)],
-                           axis=concat_axis))
-  return out
+  return _concat_each(devices, [[h[s] for s in range(n)] for h in have],
+                      concat_axis)
 
 
+@_group_collective
 def alltoall_pointtwise(xs, devices, split_axis, concat_axis):
   """Member k gets piece k of every member's tensor, concatenated.
 
@@ -234,22 +248,13 @@ def alltoall_pointtwise(xs, devices, split_axis, concat_axis):
   Returns:
     n tf.Tensors, the i-th on devices[i].
   """
-  _check_group(xs, devices, "alltoall_pointtwise")
   n = len(xs)
-  if n == 1:
-    return list(xs)
-  pieces = []
-  for x, device in zip(xs, devices):
-    with tf.device(device):
-      pieces.append(tf.split(x, n, axis=split_axis))
-  out = []
-  for k, device in enumerate(devices):
-    with tf.device(device):
-      out.append(tf.concat([pieces[j][k] for j in range(n)],
-                           axis=concat_axis))
-  return out
+  pieces = _split_each(xs, devices, split_axis)
+  return _concat_each(devices, [[pieces[j][k] for j in range(n)]
+                                for k in range(n)], concat_axis)
 
 
+@_group_collective
 def alltoall_ring(xs, devices, split_axis, concat_axis):
   """`alltoall_pointtwise`'s result, with data moving only between ring
   neighbours.
@@ -268,10 +273,7 @@ def alltoall_ring(xs, devices, split_axis, concat_axis):
   Returns:
     n tf.Tensors, the i-th on devices[i].
   """
-  _check_group(xs, devices, "alltoall_ring")
   n = len(xs)
-  if n == 1:
-    return list(xs)
   ahead = (n - 1) // 2  # Pieces travelling forwards (to i+1, ..., i+ahead).
   behind = n - 1 - ahead  # Pieces travelling backwards (to i-1, ...).
   received = [[None] * n for _ in range(n)]  # received[target][source]
@@ -289,22 +291,17 @@ def alltoall_ring(xs, devices, split_axis, concat_axis):
     new_forward, new_backward = [None] * n, [None] * n
     for i, device in enumerate(devices):
       with tf.device(device):
-        if hop <= ahead:
-          message = forward[(i - 1) % n]
-          mine, rest = _split_first(message, piece_size, split_axis)
-          received[i][(i - hop) % n] = mine
-          new_forward[i] = rest
-        if hop <= behind:
-          message = backward[(i + 1) % n]
-          mine, rest = _split_first(message, piece_size, split_axis)
-          received[i][(i + hop) % n] = mine
-          new_backward[i] = rest
+        # A forward message comes from behind (i - 1), a backward one from
+        # ahead (i + 1).
+        for step, last_hop, messages, new_messages in (
+            (-1, ahead, forward, new_forward),
+            (1, behind, backward, new_backward)):
+          if hop <= last_hop:
+            mine, new_messages[i] = _split_first(
+                messages[(i + step) % n], piece_size, split_axis)
+            received[i][(i + step * hop) % n] = mine
     forward, backward = new_forward, new_backward
-  out = []
-  for i, device in enumerate(devices):
-    with tf.device(device):
-      out.append(tf.concat(received[i], axis=concat_axis))
-  return out
+  return _concat_each(devices, received, concat_axis)
 
 
 def _join(pieces, axis):
