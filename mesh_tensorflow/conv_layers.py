@@ -30,21 +30,51 @@ __all__ = [
 ]
 
 
-def _conv2d_filter(x, output_dim, filter_size, filter_initializer,
-                   variable_dtype):
-  """The variable "kernel" [fh, fw, x.shape[-1], output_dim], cast to x."""
-  if len(filter_size) != 2:
+_FILTER_DIM_NAMES = {2: ("fh", "fw"), 3: ("fd", "fh", "fw")}
+
+
+def conv_filter(x, output_dim, filter_size, transpose, filter_initializer,
+                variable_dtype, context):
+  """The variable "kernel" of a 2-D or 3-D convolution layer, cast to x.dtype.
+
+  Shared with `conv_transpose_layers`. Its shape is [f..., x.shape[-1],
+  output_dim], or [f..., output_dim, x.shape[-1]] for a transposed
+  convolution; `context` (the layer's name, "conv3d..." for 3-D) names the
+  layer in errors.
+  """
+  rank = 3 if context.startswith("conv3d") else 2
+  if len(filter_size) != rank:
     raise mtf.ShapeError(
-        f"conv2d of {x.name} {x.shape}: filter_size {filter_size} must have "
-        "two entries (height, width).")
+        f"{context} of {x.name} {x.shape}: filter_size {filter_size} must "
+        f"have {rank} entries.")
+  if x.shape.ndims < rank + 2:
+    raise mtf.ShapeError(
+        f"{context} of {x.name} {x.shape}: the input needs batch, {rank} "
+        "spatial and a channels dimension.")
   if variable_dtype is None:
     variable_dtype = mtf.VariableDType(activation_dtype=x.dtype)
-  fh_dim = mtf.Dimension("fh", filter_size[0])
-  fw_dim = mtf.Dimension("fw", filter_size[1])
-  conv_filter = mtf.get_variable(
-      x.mesh, "kernel", mtf.Shape([fh_dim, fw_dim, x.shape[-1], output_dim]),
+  spatial = [mtf.Dimension(n, s)
+             for n, s in zip(_FILTER_DIM_NAMES[rank], filter_size)]
+  channels = [output_dim, x.shape[-1]] if transpose else [x.shape[-1],
+                                                          output_dim]
+  kernel = mtf.get_variable(
+      x.mesh, "kernel", mtf.Shape(spatial + channels),
       initializer=filter_initializer, dtype=variable_dtype)
-  return mtf.cast(conv_filter, x.dtype)
+  return mtf.cast(kernel, x.dtype)
+
+
+def conv_layer(op_fn, context, default_name, x, output_dim, filter_size,
+               strides, padding, filter_initializer, variable_dtype, name,
+               **blocks_dims):
+  """Creates the filter in a variable scope and applies the op `op_fn`.
+
+  Every convolution layer here and in `conv_transpose_layers` is this call.
+  """
+  with layer_helpers.variable_scope(x.mesh, name, default_name):
+    kernel = conv_filter(x, output_dim, filter_size, "transpose" in context,
+                         filter_initializer, variable_dtype, context)
+    return op_fn(x, kernel, [1] + list(strides) + [1], padding,
+                 **blocks_dims)
 
 
 def conv2d(x, output_dim, filter_size=(3, 3), strides=(1, 1), padding="SAME",
@@ -66,10 +96,9 @@ def conv2d(x, output_dim, filter_size=(3, 3), strides=(1, 1), padding="SAME",
   Returns:
     an mtf Tensor [batch..., out_height, out_width, output_dim].
   """
-  with layer_helpers.variable_scope(x.mesh, name, "conv2d"):
-    conv_filter = _conv2d_filter(x, output_dim, filter_size,
-                                 filter_initializer, variable_dtype)
-    return mtf.conv2d(x, conv_filter, [1] + list(strides) + [1], padding)
+  return conv_layer(mtf.conv2d, "conv2d", "conv2d", x, output_dim,
+                    filter_size, strides, padding, filter_initializer,
+                    variable_dtype, name)
 
 
 def conv2d_with_blocks(x, output_dim, filter_size=(3, 3), strides=(1, 1),
@@ -100,12 +129,10 @@ def conv2d_with_blocks(x, output_dim, filter_size=(3, 3), strides=(1, 1),
   Returns:
     an mtf Tensor [batch..., h_blocks, w_blocks, h, w, output_dim].
   """
-  with layer_helpers.variable_scope(x.mesh, name, "conv2d"):
-    conv_filter = _conv2d_filter(x, output_dim, filter_size,
-                                 filter_initializer, variable_dtype)
-    return mtf.conv2d_with_blocks(
-        x, conv_filter, [1] + list(strides) + [1], padding,
-        h_blocks_dim=h_blocks_dim, w_blocks_dim=w_blocks_dim)
+  return conv_layer(mtf.conv2d_with_blocks, "conv2d_with_blocks", "conv2d",
+                    x, output_dim, filter_size, strides, padding,
+                    filter_initializer, variable_dtype, name,
+                    h_blocks_dim=h_blocks_dim, w_blocks_dim=w_blocks_dim)
 
 
 def conv1d(x, output_dim, filter_size=3, stride=1, **kwargs):
