@@ -240,12 +240,38 @@ def multihead_attention_vars(mesh, heads, io_channels, kv_channels,
       combine=True)
 
 
-def _attention_vars(x, heads, kv_channels, master_dtype, slice_dtype):
-  """`multihead_attention_vars` for input x, whose last dim is io."""
+def layer_attention_vars(x, heads, kv_channels, master_dtype, slice_dtype):
+  """`multihead_attention_vars` for input x, whose last dim is io.
+
+  The (wq, wk, wv, wo) of every attention layer here and in
+  `local_attention_layers`.
+  """
   return multihead_attention_vars(
       x.mesh, heads, x.shape.dims[-1], kv_channels,
       tf.float32 if master_dtype is None else master_dtype,
       slice_dtype, x.dtype)
+
+
+def project_qkv(wq, wk, wv, query_antecedent, memory_antecedent, q_shape,
+                kv_shape=None):
+  """(q, k, v): the query projected by wq, the memory by wk and wv.
+
+  Shared with `local_attention_layers`.
+
+  Args:
+    wq, wk, wv: weights, as `layer_attention_vars` returns them.
+    query_antecedent: an mtf Tensor whose last dimension is io_channels.
+    memory_antecedent: likewise (the query itself for self-attention).
+    q_shape: the Shape of q.
+    kv_shape: the Shape of k and v; default q_shape.
+
+  Returns:
+    (q, k, v) mtf Tensors.
+  """
+  kv_shape = q_shape if kv_shape is None else kv_shape
+  return (mtf.einsum([query_antecedent, wq], q_shape),
+          mtf.einsum([memory_antecedent, wk], kv_shape),
+          mtf.einsum([memory_antecedent, wv], kv_shape))
 
 
 def multihead_attention(query_antecedent, memory_antecedent, mask,
@@ -298,14 +324,12 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
         f"differ from query_antecedent channels {io_channels}.")
   with layer_helpers.variable_scope(
       query_antecedent.mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = _attention_vars(query_antecedent, heads, kv_channels,
-                                     master_dtype, slice_dtype)
-    q = mtf.einsum([query_antecedent, wq],
-                   mtf.Shape(batch_dims + [heads, query_length, kv_channels]))
-    k = mtf.einsum([memory_antecedent, wk],
-                   mtf.Shape(batch_dims + [heads, memory_length, kv_channels]))
-    v = mtf.einsum([memory_antecedent, wv],
-                   mtf.Shape(batch_dims + [heads, memory_length, kv_channels]))
+    wq, wk, wv, wo = layer_attention_vars(
+        query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
+    q, k, v = project_qkv(
+        wq, wk, wv, query_antecedent, memory_antecedent,
+        mtf.Shape(batch_dims + [heads, query_length, kv_channels]),
+        mtf.Shape(batch_dims + [heads, memory_length, kv_channels]))
     o = dot_product_attention(q, k, v, mask, is_training, dropout,
                               dropout_broadcast_dims)
     return mtf.einsum([o, wo], query_antecedent.shape)
@@ -345,12 +369,10 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
   step_num = _as_step(mesh, step_num)
   with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = _attention_vars(query_antecedent, heads, kv_channels,
-                                     master_dtype, slice_dtype)
-    step_shape = mtf.Shape(batch_dims + [heads, kv_channels])
-    q = mtf.einsum([query_antecedent, wq], step_shape)
-    k = mtf.einsum([query_antecedent, wk], step_shape)
-    v = mtf.einsum([query_antecedent, wv], step_shape)
+    wq, wk, wv, wo = layer_attention_vars(
+        query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
+    q, k, v = project_qkv(wq, wk, wv, query_antecedent, query_antecedent,
+                          mtf.Shape(batch_dims + [heads, kv_channels]))
     one_hot = mtf.one_hot(step_num, memory_length, dtype=prev_k.dtype)
     k = prev_k + mtf.multiply(k, one_hot, output_shape=prev_k.shape)
     v = prev_v + mtf.multiply(v, one_hot, output_shape=prev_v.shape)
@@ -439,12 +461,8 @@ def multihead_self_attention_memory_compressed(
     x: an mtf Tensor [batch_dims..., length, io_channels].
     mask_right: whether to hide groups that end after the query.
     compression_factor: an int dividing length.
-    kv_channels: the per-head key/value Dimension.
-    heads: the heads Dimension.
-    is_training: dropout is applied only when training.
-    dropout: the rate of dropout on the attention weights.
-    dropout_broadcast_dims: Dimensions over which the dropout mask is shared.
-    master_dtype, slice_dtype: the variables' dtypes.
+    kv_channels, heads, is_training, dropout, dropout_broadcast_dims,
+      master_dtype, slice_dtype: as in `multihead_attention`.
     name: the variable scope; None for "compressed_attention" made unique.
 
   Returns:
@@ -454,16 +472,15 @@ def multihead_self_attention_memory_compressed(
   length, io_channels = x.shape.dims[-2:]
   with layer_helpers.variable_scope(
       x.mesh, name, "compressed_attention"):
-    wq, wk, wv, wo = _attention_vars(x, heads, kv_channels, master_dtype,
-                                     slice_dtype)
+    wq, wk, wv, wo = layer_attention_vars(x, heads, kv_channels,
+                                          master_dtype, slice_dtype)
     memory = compress_mean(x, length, compression_factor)
     memory = rename_length_to_memory_length(memory, length.name)
     memory_length = memory.shape.dims[-2]
-    q = mtf.einsum([x, wq],
-                   mtf.Shape(batch_dims + [heads, length, kv_channels]))
-    kv_shape = mtf.Shape(batch_dims + [heads, memory_length, kv_channels])
-    k = mtf.einsum([memory, wk], kv_shape)
-    v = mtf.einsum([memory, wv], kv_shape)
+    q, k, v = project_qkv(
+        wq, wk, wv, x, memory,
+        mtf.Shape(batch_dims + [heads, length, kv_channels]),
+        mtf.Shape(batch_dims + [heads, memory_length, kv_channels]))
     mask = None
     if mask_right:
       query_pos = mtf.range(x.mesh, length, dtype=tf.int32)

@@ -34,11 +34,6 @@ __all__ = [
 _MASKED = -1e9
 
 
-def _layer_vars(x, heads, kv_channels, master_dtype, slice_dtype):
-  return attention_layers._attention_vars(  # pylint: disable=protected-access
-      x, heads, kv_channels, master_dtype, slice_dtype)
-
-
 def masked_local_attention_1d(x, kv_channels, heads, is_training=False,
                               window_size=128, master_dtype=tf.float32,
                               slice_dtype=tf.float32, length_per_split=None,
@@ -96,12 +91,11 @@ def masked_local_attention_1d(x, kv_channels, heads, is_training=False,
   with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
     if params is None:
-      params = _layer_vars(x, heads, kv_channels, master_dtype, slice_dtype)
+      params = attention_layers.layer_attention_vars(
+          x, heads, kv_channels, master_dtype, slice_dtype)
     wq, wk, wv, wo = params
-    qkv_shape = mtf.Shape(batch_dims + [heads, length, kv_channels])
-    q = mtf.einsum([x, wq], qkv_shape)
-    k = mtf.einsum([x, wk], qkv_shape)
-    v = mtf.einsum([x, wv], qkv_shape)
+    q, k, v = attention_layers.project_qkv(
+        wq, wk, wv, x, x, mtf.Shape(batch_dims + [heads, length, kv_channels]))
     if return_kv is not None:
       return_kv.extend([k, v])
     num_blocks = mtf.Dimension(length.name, length.size // block_length)
@@ -161,12 +155,11 @@ def masked_local_attention_1d_incremental(x, prev_k, prev_v, step_num,
   with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
     if params is None:
-      params = _layer_vars(x, heads, kv_channels, master_dtype, slice_dtype)
+      params = attention_layers.layer_attention_vars(
+          x, heads, kv_channels, master_dtype, slice_dtype)
     wq, wk, wv, wo = params
-    step_shape = mtf.Shape(batch_dims + [heads, kv_channels])
-    q = mtf.einsum([x, wq], step_shape)
-    k = mtf.einsum([x, wk], step_shape)
-    v = mtf.einsum([x, wv], step_shape)
+    q, k, v = attention_layers.project_qkv(
+        wq, wk, wv, x, x, mtf.Shape(batch_dims + [heads, kv_channels]))
     current = mtf.equal(mtf.range(x.mesh, window_length, dtype=tf.int32),
                         mtf.mod(step_num, window_length.size))
     k = mtf.where(current, k, prev_k, output_shape=prev_k.shape)
@@ -275,19 +268,18 @@ def local_self_attention_spatial_blocks(
   mesh = query_antecedent.mesh
   with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = _layer_vars(query_antecedent, heads, kv_channels,
-                                 master_dtype, slice_dtype)
+    wq, wk, wv, wo = attention_layers.layer_attention_vars(
+        query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
     memory = mtf.rename_dimension(query_antecedent, w_dim.name,
                                   _memory_name(w_dim))
     memory_w_dim = memory.shape.dims[-2]
-    q = mtf.einsum([query_antecedent, wq],
-                   mtf.Shape([batch, heads, num_w_blocks, w_dim,
-                              kv_channels]))
-    kv_shape = mtf.Shape([batch, heads, num_w_blocks, memory_w_dim,
-                          kv_channels])
-    k, v = local_1d_halo_exchange(mtf.einsum([memory, wk], kv_shape),
-                                  mtf.einsum([memory, wv], kv_shape),
-                                  num_w_blocks, memory_w_dim, mask_right)
+    blocks = [batch, heads, num_w_blocks]
+    q, k, v = attention_layers.project_qkv(
+        wq, wk, wv, query_antecedent, memory,
+        mtf.Shape(blocks + [w_dim, kv_channels]),
+        mtf.Shape(blocks + [memory_w_dim, kv_channels]))
+    k, v = local_1d_halo_exchange(k, v, num_w_blocks, memory_w_dim,
+                                  mask_right)
     mask = None
     if mask_right:
       mask = attention_layers.attention_bias_local_block(mesh, w_dim,
@@ -361,15 +353,11 @@ def local_2d_self_attention_spatial_blocks(
   Args:
     query_antecedent: an mtf Tensor [batch, num_h_blocks, num_w_blocks,
       h_dim, w_dim, io_channels]; the blocks dimensions may be split.
-    kv_channels: the per-head key/value Dimension.
-    heads: the heads Dimension.
-    is_training: unused (no dropout here); the original's parameter.
+    kv_channels, heads, is_training, mask_right, master_dtype, slice_dtype,
+      name: as in `local_self_attention_spatial_blocks`.
     memory_h_dim, memory_w_dim: unused, as in the original: the memory
       dimensions are named "memory_" + h_dim.name and "memory_" +
       w_dim.name.
-    mask_right: whether a position may not attend to later positions.
-    master_dtype, slice_dtype: the variables' dtypes.
-    name: the variable scope; None for "multihead_attention" made unique.
 
   Returns:
     an mtf Tensor of query_antecedent's shape.
@@ -388,19 +376,19 @@ def local_2d_self_attention_spatial_blocks(
   mesh = query_antecedent.mesh
   with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = _layer_vars(query_antecedent, heads, kv_channels,
-                                 master_dtype, slice_dtype)
+    wq, wk, wv, wo = attention_layers.layer_attention_vars(
+        query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
     memory = mtf.rename_dimension(query_antecedent, h_dim.name,
                                   _memory_name(h_dim))
     memory = mtf.rename_dimension(memory, w_dim.name, _memory_name(w_dim))
     memory_h_dim, memory_w_dim = memory.shape.dims[-3:-1]
     blocks = [batch, heads, num_h_blocks, num_w_blocks]
-    q = mtf.einsum([query_antecedent, wq],
-                   mtf.Shape(blocks + [h_dim, w_dim, kv_channels]))
-    kv_shape = mtf.Shape(blocks + [memory_h_dim, memory_w_dim, kv_channels])
-    k, v = local_2d_halo_exchange(
-        mtf.einsum([memory, wk], kv_shape), mtf.einsum([memory, wv], kv_shape),
-        num_h_blocks, memory_h_dim, num_w_blocks, memory_w_dim, mask_right)
+    q, k, v = attention_layers.project_qkv(
+        wq, wk, wv, query_antecedent, memory,
+        mtf.Shape(blocks + [h_dim, w_dim, kv_channels]),
+        mtf.Shape(blocks + [memory_h_dim, memory_w_dim, kv_channels]))
+    k, v = local_2d_halo_exchange(k, v, num_h_blocks, memory_h_dim,
+                                  num_w_blocks, memory_w_dim, mask_right)
     # One memory dimension over both memory axes, for one softmax.
     memory_h_dim, memory_w_dim = k.shape.dims[-3:-1]
     memory_dim = mtf.Dimension(
