@@ -34,6 +34,21 @@ __all__ = [
 _MASKED = -1e9
 
 
+def _self_attention_qkvo(x, params, heads, kv_channels, master_dtype,
+                         slice_dtype, qkv_dims):
+  """(q, k, v, wo) of self-attention over x, q, k and v shaped qkv_dims.
+
+  The weights are `params` or, when it is None, the layer's variables.
+  """
+  if params is None:
+    params = attention_layers.layer_attention_vars(
+        x, heads, kv_channels, master_dtype, slice_dtype)
+  wq, wk, wv, wo = params
+  q, k, v = attention_layers.project_qkv(wq, wk, wv, x, x,
+                                         mtf.Shape(qkv_dims))
+  return q, k, v, wo
+
+
 def masked_local_attention_1d(x, kv_channels, heads, is_training=False,
                               window_size=128, master_dtype=tf.float32,
                               slice_dtype=tf.float32, length_per_split=None,
@@ -90,12 +105,9 @@ def masked_local_attention_1d(x, kv_channels, heads, is_training=False,
     block_length -= 1
   with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
-    if params is None:
-      params = attention_layers.layer_attention_vars(
-          x, heads, kv_channels, master_dtype, slice_dtype)
-    wq, wk, wv, wo = params
-    q, k, v = attention_layers.project_qkv(
-        wq, wk, wv, x, x, mtf.Shape(batch_dims + [heads, length, kv_channels]))
+    q, k, v, wo = _self_attention_qkvo(
+        x, params, heads, kv_channels, master_dtype, slice_dtype,
+        batch_dims + [heads, length, kv_channels])
     if return_kv is not None:
       return_kv.extend([k, v])
     num_blocks = mtf.Dimension(length.name, length.size // block_length)
@@ -154,12 +166,9 @@ def masked_local_attention_1d_incremental(x, prev_k, prev_v, step_num,
       x.mesh, step_num)
   with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
-    if params is None:
-      params = attention_layers.layer_attention_vars(
-          x, heads, kv_channels, master_dtype, slice_dtype)
-    wq, wk, wv, wo = params
-    q, k, v = attention_layers.project_qkv(
-        wq, wk, wv, x, x, mtf.Shape(batch_dims + [heads, kv_channels]))
+    q, k, v, wo = _self_attention_qkvo(
+        x, params, heads, kv_channels, master_dtype, slice_dtype,
+        batch_dims + [heads, kv_channels])
     current = mtf.equal(mtf.range(x.mesh, window_length, dtype=tf.int32),
                         mtf.mod(step_num, window_length.size))
     k = mtf.where(current, k, prev_k, output_shape=prev_k.shape)
