@@ -116,6 +116,11 @@ def readme_text():
   return README.read_text()
 
 
+def docs():
+  """The Markdown files of docs/, where the README's details live."""
+  return sorted((ROOT / "docs").glob("*.md"))
+
+
 def blocks():
   """Every fenced block of the README, in order."""
   found, current, start, fence = [], None, 0, ""

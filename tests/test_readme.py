@@ -527,12 +527,30 @@ def test_repository_layout_names_real_paths():
 
 
 def test_paths_named_in_the_text_exist():
-  """Every entry point the README's text names by path exists."""
-  text = readme_testing.readme_text()
-  paths = set(re.findall(
-      r"`(?:python )?((?:examples|benchmarks|tools|tests|docs)/[\w/]+\.\w+)",
-      text))
-  assert paths
-  missing = sorted(p for p in paths if not (ROOT / p).exists())
-  assert not missing, missing
+  """Every entry point the README's text (and docs/'s, where its details
+  went) names by path exists."""
+  for path in [readme_testing.README] + readme_testing.docs():
+    paths = set(re.findall(
+        r"`(?:python )?((?:examples|benchmarks|tools|tests|docs)/[\w/]+\.\w+)",
+        path.read_text()))
+    assert paths or path != readme_testing.README
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"{path.name} names {missing}"
   assert pathlib.Path(ROOT / "Makefile").exists()
+
+
+def test_links_in_the_readme_and_docs_resolve():
+  """Every relative Markdown link of README.md and docs/*.md names a file
+  that exists (the README sends the reader to docs/ for the details)."""
+  links = []
+  for path in [readme_testing.README] + readme_testing.docs():
+    text = re.sub(r"^```.*?^```", "", path.read_text(),
+                  flags=re.DOTALL | re.M)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if not re.match(r"[a-z]+:|#", target):
+        links.append((path, target.split("#")[0]))
+  readme_links = [t for p, t in links if p == readme_testing.README]
+  assert any(t.startswith("docs/") for t in readme_links), readme_links
+  missing = [f"{p.name}: {t}" for p, t in links
+             if not (p.parent / t).exists()]
+  assert not missing, f"links to files that do not exist: {missing}"
