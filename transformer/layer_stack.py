@@ -5,7 +5,9 @@ layer modules build on: `TransformerLayer`, `Context`, the decoding modes
 `FIRST_PART` and `INCREMENTAL`, `LayerStack`, `ReversibleLayerStack` and
 `make_layer_stack`. These are names of the original's
 `mesh_tensorflow.transformer.transformer` module, which re-exports them; gin
-registers them under that module's name, as the original did.
+registers them under that module's name (`GIN_MODULE`), as the original
+did. Stacks written elsewhere (`PipelinedLayerStack`) subclass `LayerStack`
+and share its `append_layer_output` and `layer_scope`.
 
 Layers record their hyperparameters when constructed and create their
 variables (through `mtf.get_variable`) when called, so the same objects
@@ -29,8 +31,9 @@ from mesh_tensorflow.transformer.sublayers import sublayer_mask_padding
 from mesh_tensorflow.transformer.sublayers import sublayer_residual
 from mesh_tensorflow.transformer.sublayers import sublayer_rms_norm
 
-# Gin registers the configurables here under the original's module.
-_MODULE = "mesh_tensorflow.transformer.transformer"
+# Gin registers the configurables here (and stacks defined elsewhere, such
+# as PipelinedLayerStack) under the original's module.
+GIN_MODULE = "mesh_tensorflow.transformer.transformer"
 
 # Decoding modes, besides the estimator's "train", "eval" and "infer":
 # "first_part" runs the known prefix through every layer so that layers can
@@ -241,7 +244,7 @@ class Context:
     return self.position
 
 
-@gin.configurable(module=_MODULE)
+@gin.configurable(module=GIN_MODULE)
 class LayerStack(TransformerLayer):
   """A stack of layers, each wrapped in a pipeline of sublayer functions.
 
@@ -326,9 +329,9 @@ class LayerStack(TransformerLayer):
   def call(self, context, x):
     """Runs the initial sublayers, every layer, then the final ones."""
     x = self._call_sublayers(self._sublayers_initial, x, context)
-    _append_layer_output(context, x)
+    append_layer_output(context, x)
     for lnum, layer in enumerate(self._layers):
-      with _layer_scope(layer):
+      with layer_scope(layer):
         if self._recompute_grads:
           def fn(x, l=layer, c=context):
             return self._layer_fn(x, l, c)
@@ -336,11 +339,11 @@ class LayerStack(TransformerLayer):
         else:
           x = self._layer_fn(x, layer, context)
       if lnum != len(self._layers) - 1:
-        _append_layer_output(context, x)
+        append_layer_output(context, x)
       context.layer_index += 1
     x = self._call_sublayers(self._sublayers_final, x, context)
     x = sublayer_mask_padding(x, self, context)
-    _append_layer_output(context, x)
+    append_layer_output(context, x)
     return x
 
   def _call_sublayers(self, sublayers, x, context):
@@ -368,19 +371,20 @@ class LayerStack(TransformerLayer):
     return self._layers
 
 
-def _append_layer_output(context, x):
+def append_layer_output(context, x):
+  """Appends a stack's output `x` to `context.layer_outputs`, if kept."""
   if context.layer_outputs is not None:
     context.layer_outputs.append(x)
 
 
-def _layer_scope(layer):
+def layer_scope(layer):
   """The variable scope of a layer: its name, or none if it has none."""
   if layer.name:
     return tf.compat.v1.variable_scope(layer.name)
   return contextlib.nullcontext()
 
 
-@gin.configurable(module=_MODULE)
+@gin.configurable(module=GIN_MODULE)
 class ReversibleLayerStack(LayerStack):
   """A LayerStack as a reversible network (RevNet; used by the Reformer).
 
@@ -394,10 +398,10 @@ class ReversibleLayerStack(LayerStack):
   def call(self, context, x):
     """Runs the layers as reversible half-residual blocks."""
     x = self._call_sublayers(self._sublayers_initial, x, context)
-    _append_layer_output(context, x)
+    append_layer_output(context, x)
     x1, x1_backwards, x2, x2_backwards = x, None, x, None
     for lnum, layer in enumerate(self._layers):
-      with _layer_scope(layer):
+      with layer_scope(layer):
         def fn(x, l=layer, c=context):
           return self._layer_fn(x, l, c)
         x1, x1_backwards, x2, x2_backwards = (
@@ -405,15 +409,15 @@ class ReversibleLayerStack(LayerStack):
                 x1, x1_backwards, x2, x2_backwards, fn,
                 recompute_grads=self._recompute_grads))
       if lnum != len(self._layers) - 1:
-        _append_layer_output(context, x1 + x2)
+        append_layer_output(context, x1 + x2)
       context.layer_index += 1
     x = x1 + x2
     x = self._call_sublayers(self._sublayers_final, x, context)
-    _append_layer_output(context, x)
+    append_layer_output(context, x)
     return x
 
 
-@gin.configurable(module=_MODULE)
+@gin.configurable(module=GIN_MODULE)
 def make_layer_stack(layers=gin.REQUIRED,
                      layer_stack_cls=LayerStack,
                      num_layers=6,

@@ -8,9 +8,15 @@ float32 round-off, so the pipeline, the stacked weights (initialised per
 layer) and the optimizer's per-layer statistics are exact. Checkpoints of
 the pipelined model hold the plain model's variable names and restore
 into it.
+
+A per-example tensor that a layer reads from the context under a name the
+stack does not know is cut into micro-batches like the known ones, or
+refused with its name; stages are checked to repeat stage 0's layers by
+their structure, nested hyperparameters included.
 """
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +25,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
 from tests import mtf_testing
+from tests.transformer import layer_testing
 from tests.transformer import model_testing
 from tests.transformer import tiny_layers
 
@@ -127,8 +134,155 @@ def test_stages_with_different_layers_are_named():
   layers = transformer.make_layer_stack(
       [tiny_layers.TinySelfAttention, tiny_layers.TinyDenseRelu],
       num_layers=1).layers
-  with pytest.raises(ValueError, match="differs from layer 0"):
+  with pytest.raises(ValueError, match=(
+      r"layer 1 \(block_000/layer_001, TinyDenseRelu\) differs from layer 0 "
+      r"\(block_000/layer_000, TinySelfAttention\).* in the class: "
+      r"TinySelfAttention vs TinyDenseRelu")):
     transformer.PipelinedLayerStack(layers, num_stages=2)
+
+
+class _Wrapper(transformer.TransformerLayer):
+  """A layer configured by a nested layer and a nested dict (what the
+  stack compares), which calls the nested layer."""
+
+  def __init__(self, inner_size=16, options=None):
+    self.inner = tiny_layers.TinyDenseRelu(hidden_size=inner_size)
+    self.inner.set_name("inner")
+    self.options = options or {"scale": [1.0, {"bias": 0.0}]}
+
+  def call(self, context, x):
+    return self.inner.call(context, x) * self.options["scale"][0]
+
+
+def _wrappers(*kwargs):
+  layers = [_Wrapper(**k) for k in kwargs]
+  for i, layer in enumerate(layers):
+    layer.set_name(f"layer_{i:03d}")
+  return layers
+
+
+@pytest.mark.parametrize("second,difference", [
+    ({"inner_size": 32}, "inner.hidden_size: 16 vs 32"),
+    ({"options": {"scale": [1.0, {"bias": 0.5}]}},
+     "options['scale'][1]['bias']: 0.0 vs 0.5"),
+    ({"options": {"scale": [1.0, {"bias": 0}]}},
+     "options['scale'][1]['bias']: float vs int"),
+], ids=["nested_layer", "nested_dict", "number_type"])
+def test_stages_differing_in_a_nested_hyperparameter_are_named(second,
+                                                               difference):
+  with pytest.raises(ValueError) as error:
+    transformer.PipelinedLayerStack(_wrappers({}, second), num_stages=2)
+  assert (f"layer 1 (layer_001, _Wrapper) differs from layer 0 "
+          f"(layer_000, _Wrapper), the same position in stage 0, in "
+          f"{difference};") in str(error.value)
+
+
+def test_stages_of_equal_layers_are_accepted_whatever_their_names():
+  """Equal configurations held by distinct objects (whose reprs differ)
+  are the same; so are the names of nested layers."""
+  layers = _wrappers({}, {}, {"inner_size": 16})
+  layers[1].inner.set_name("another_inner")
+  stack = transformer.PipelinedLayerStack(layers, num_stages=3)
+  assert stack.num_stages == 3
+
+
+class _ReadsANewField(transformer.TransformerLayer):
+  """Scales x by a per-example feature the test puts on the context under
+  a name the stack has never heard of (directly, in a list, a dict, or as
+  a boolean mask)."""
+
+  def call(self, context, x):
+    feature = context.my_new_feature
+    if isinstance(feature, list):
+      feature = feature[1]
+    elif isinstance(feature, dict):
+      feature = feature["nested"][0]
+    return x * mtf.cast(feature, x.dtype)
+
+
+_FEATURE = np.random.RandomState(7).uniform(0.5, 1.5, (model_testing.B,))
+
+
+def _new_field_value(mesh, how):
+  """The per-example feature [batch] (or a bool mask [batch, length]),
+  held as `how` says, with a shared tensor beside it."""
+  if how == "mask":
+    return mtf.import_tf_tensor(
+        mesh, tf.constant(model_testing.TARGETS > 2),
+        [model_testing.BATCH, model_testing.LENGTH])
+  feature = mtf.import_tf_tensor(mesh, tf.constant(_FEATURE, tf.float32),
+                                 [model_testing.BATCH])
+  shared = mtf.ones(mesh, [model_testing.LENGTH])
+  return {"tensor": feature,
+          "list": [shared, feature],
+          "dict": {"nested": (feature, shared), "count": 3}}[how]
+
+
+def _stack_with_new_field(stack, how, mesh_shape, layout):
+  """The stack's output and input gradient, its context carrying
+  `my_new_feature`."""
+  def build(mesh):
+    model = layer_testing.ModelStub(model_testing.D)
+    context = layer_testing.make_context(
+        mesh, model, model_testing.BATCH, model_testing.LENGTH,
+        layer_outputs=[], sequence_id=1)
+    context.my_new_feature = _new_field_value(mesh, how)
+    x = mtf.import_tf_tensor(
+        mesh, tf.constant(np.random.RandomState(0).normal(
+            size=(model_testing.B, model_testing.L, model_testing.D)),
+                          tf.float32),
+        [model_testing.BATCH, model_testing.LENGTH, model.model_dim])
+    y = stack.call(context, x)
+    return {"y": y}, mtf.reduce_sum(y * y), {"x": x}
+  values, _ = mtf_testing.run_program(mesh_shape, layout, "function", build,
+                                      fetch_variables=False)
+  return values
+
+
+def _feature_layers():
+  return transformer.make_layer_stack(
+      [tiny_layers.TinyDenseRelu, _ReadsANewField], num_layers=2).layers
+
+
+@pytest.mark.parametrize("how", ["tensor", "list", "dict", "mask"])
+def test_a_new_per_example_context_field_is_cut_into_microbatches(how):
+  plain = _stack_with_new_field(transformer.LayerStack(_feature_layers()),
+                                how, "all:1", "")
+  pipelined = _stack_with_new_field(
+      transformer.PipelinedLayerStack(_feature_layers(), num_stages=2,
+                                      num_microbatches=4),
+      how, "stage:2", "stage:stage")
+  assert set(pipelined) == set(plain) == {"y", "d_x"}
+  for key, want in plain.items():
+    np.testing.assert_allclose(pipelined[key], want, rtol=1e-5, atol=1e-6,
+                               err_msg=key)
+
+
+@pytest.mark.parametrize("value,message", [
+    (lambda mesh: mtf.ones(mesh, [mtf.Dimension("batch", 4)]),
+     r"context\.my_new_feature has shape .*batch.*4.*, whose dimension "
+     r"'batch' is not the batch dimension .*8"),
+    (lambda mesh: {"a": [mtf.ones(mesh, [mtf.Dimension("batch", 2)])]},
+     r"context\.my_new_feature\['a'\]\[0\] has shape"),
+    (lambda mesh: types.SimpleNamespace(
+        scale=mtf.ones(mesh, [model_testing.BATCH])),
+     r"context\.my_new_feature is a SimpleNamespace holding a per-example "
+     r"tensor \(context\.my_new_feature\.scale, shape"),
+    (lambda mesh: frozenset([mtf.ones(mesh, [model_testing.BATCH])]),
+     r"context\.my_new_feature is a frozenset holding a per-example tensor"),
+], ids=["other_batch_size", "nested_other_batch_size", "object", "set"])
+def test_a_context_field_that_cannot_be_cut_is_named(value, message):
+  stack = transformer.PipelinedLayerStack(_feature_layers(), num_stages=2,
+                                          num_microbatches=2)
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  model = layer_testing.ModelStub(model_testing.D)
+  context = layer_testing.make_context(mesh, model, model_testing.BATCH,
+                                       model_testing.LENGTH)
+  context.my_new_feature = value(mesh)
+  x = mtf.zeros(mesh, [model_testing.BATCH, model_testing.LENGTH,
+                       model.model_dim])
+  with pytest.raises(ValueError, match=message):
+    stack.call(context, x)
 
 
 def test_recompute_and_batched_weight_gradients_exclude_each_other():
