@@ -9,17 +9,13 @@ implementation, and run the resulting TensorFlow ops.
 from mesh_tensorflow import autograph_rules
 from mesh_tensorflow import checkpointing
 from mesh_tensorflow import cluster
-from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
-from mesh_tensorflow import layer_stacking
+from mesh_tensorflow import extensions
 from mesh_tensorflow import mesh_impl
-from mesh_tensorflow import pipelining
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import processors
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_topology
-from mesh_tensorflow.data_parallel_sharding import DataParallelSharding
-from mesh_tensorflow.data_parallel_sharding import shard_data_parallel
 from mesh_tensorflow.errors import DTypeError
 from mesh_tensorflow.errors import IndivisibleError
 from mesh_tensorflow.errors import LayoutError
@@ -30,7 +26,6 @@ from mesh_tensorflow.graph import Mesh
 from mesh_tensorflow.graph import Operation
 from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.graph import VariableDType
-from mesh_tensorflow.layer_stacking import stack_layer_variables
 from mesh_tensorflow.lowering import log_variable_sizes
 from mesh_tensorflow.lowering import Lowering
 from mesh_tensorflow.lowering import pretty_print_counters
@@ -45,7 +40,6 @@ from mesh_tensorflow.ops import mtf_abs as abs  # pylint: disable=redefined-buil
 from mesh_tensorflow.ops import mtf_pow as pow  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_range as range  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_slice as slice  # pylint: disable=redefined-builtin
-from mesh_tensorflow.pipelining import pipeline
 from mesh_tensorflow.processors import pnum_to_group
 from mesh_tensorflow.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.processors import processor_coordinates_to_pnum
@@ -67,6 +61,15 @@ from mesh_tensorflow.shape import tensor_dim_to_size_per_split
 from mesh_tensorflow.shape import TensorLayout
 from mesh_tensorflow.shape import verify_no_new_dims
 from mesh_tensorflow.version import __version__
+
+# The strategies beyond the original (pipelining, layer stacking,
+# data-parallel sharding, gradient batching, autostack), plugged into the
+# core through mesh_tensorflow.extensions; importing them registers them.
+from mesh_tensorflow import parallel  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.parallel import DataParallelSharding  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.parallel import pipeline  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.parallel import shard_data_parallel  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.parallel import stack_layer_variables  # pylint: disable=g-bad-import-order
 
 # Library modules built on the language; imported last because they use
 # `mesh_tensorflow` itself.

@@ -2,12 +2,13 @@
 
 `gradients(ys, xs)` walks the operations backwards from `ys`, asking each
 operation for the gradients of its inputs (built from more mtf operations),
-and sums the contributions that reach the same tensor. The terms of marked
-einsums that share a weight are summed by one einsum (gradient_batching).
+and sums the contributions that reach the same tensor. Registered gradient
+rewrites may take over some operations' gradients and deliver their terms
+later, and operations' annotations see the operations their gradients
+create (see mesh_tensorflow.extensions).
 """
 
-from mesh_tensorflow import gradient_batching
-from mesh_tensorflow import idle_slots
+from mesh_tensorflow import extensions
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants
 
@@ -52,12 +53,12 @@ def gradients(ys, xs, grad_ys=None, operations=None):
     tensor_to_gradient[tensor] = grad if previous is None else binary.add(
         previous, grad)
 
-  pending = gradient_batching.PendingTerms(
-      gradient_batching.deferred_inputs(operations, downstream))
+  rewrites = extensions.gradient_rewrites(operations, downstream)
 
   def gradient_of(tensor):
-    for g in pending.pop(tensor):
-      accumulate(tensor, g)
+    for rewrite in rewrites:
+      for g in rewrite.pop_terms(tensor):
+        accumulate(tensor, g)
     return tensor_to_gradient.get(tensor)
 
   for y, grad_y in zip(ys, grad_ys):
@@ -73,11 +74,13 @@ def gradients(ys, xs, grad_ys=None, operations=None):
       continue
     with graph.name_scope(op.name + "/gradients"), (
         graph.capture_operations()) as created:
-      if pending.defers(op):
-        input_grads = pending.gradient(op, grad_outputs)
+      rewrite = next((r for r in rewrites if r.takes_over(op)), None)
+      if rewrite is not None:
+        input_grads = rewrite.gradient(op, grad_outputs)
       else:
         input_grads = op.gradient(grad_outputs)
-    idle_slots.inherit(op, created)
+    for annotation in op.annotations:
+      annotation.gradient_created(op, created)
     for t, g in zip(op.inputs, input_grads):
       if g is not None and t in downstream and t.dtype.is_floating:
         accumulate(t, g)

@@ -13,6 +13,7 @@ import types
 import tensorflow as tf
 
 from mesh_tensorflow import errors
+from mesh_tensorflow import extensions
 from mesh_tensorflow import shape as shape_lib
 
 
@@ -320,28 +321,36 @@ class Mesh:
     self._graph = graph
     self._name = name
     self._variable_placer = variable_placer
-    self._data_parallel_sharding = None
+    self._extensions = []
 
   @property
   def graph(self):
     return self._graph
 
   @property
-  def data_parallel_sharding(self):
-    """The DataParallelSharding of this mesh's variables, or None (see
-    `mtf.shard_data_parallel`)."""
-    return self._data_parallel_sharding
+  def extensions(self):
+    """The MeshExtensions attached to this mesh, in order (see
+    mesh_tensorflow.extensions)."""
+    return tuple(self._extensions)
 
-  @data_parallel_sharding.setter
-  def data_parallel_sharding(self, sharding):
-    if sharding is not None and sharding.shard_parameters:
-      existing = [v.name for v in self._graph.all_variables
-                  if v.mesh is self][:3]
-      if existing:
-        raise ValueError(
-            f"Mesh {self._name!r}: sharded parameters must be asked for "
-            f"before variables are created; {existing} exist already.")
-    self._data_parallel_sharding = sharding
+  def add_extension(self, extension):
+    """Attaches `extension` (an extensions.MeshExtension), replacing one of
+    its class."""
+    if not isinstance(extension, extensions.MeshExtension):
+      raise TypeError(f"Mesh {self._name!r}: {extension!r} is not an mtf "
+                      "extensions.MeshExtension.")
+    self.remove_extension(type(extension))
+    self._extensions.append(extension)
+
+  def remove_extension(self, extension_class):
+    """Detaches the extension of class `extension_class`, if any."""
+    self._extensions = [e for e in self._extensions
+                        if type(e) is not extension_class]
+
+  def extension(self, extension_class):
+    """The extension of class `extension_class`, or None."""
+    return next((e for e in self._extensions
+                 if type(e) is extension_class), None)
 
   @property
   def name(self):
@@ -458,6 +467,8 @@ class Operation:
     self._inputs = inputs
     self._outputs = []
     self._mesh = mesh
+    # Annotation class -> the Annotation (see mesh_tensorflow.extensions).
+    self._annotations = {}
     self._name = mesh.graph.unique_name(
         _NAME_CHARS.sub("_", name or type(self).__name__))
     self._initialize_all_dimensions_as_splittable()
@@ -468,10 +479,28 @@ class Operation:
     copy = _copy.copy(self)
     copy._inputs = list(inputs)  # pylint: disable=protected-access
     copy._name = name  # pylint: disable=protected-access
+    copy._annotations = dict(self._annotations)  # pylint: disable=protected-access
     copy._outputs = [  # pylint: disable=protected-access
         Tensor(copy, t.shape, t.dtype, index=i)
         for i, t in enumerate(self._outputs)]
     return copy
+
+  def annotate(self, annotation):
+    """Attaches `annotation` (an extensions.Annotation), replacing one of
+    its class."""
+    if not isinstance(annotation, extensions.Annotation):
+      raise TypeError(f"Operation {self._name!r}: {annotation!r} is not an "
+                      "mtf extensions.Annotation.")
+    self._annotations[type(annotation)] = annotation
+
+  def annotation(self, annotation_class):
+    """The annotation of class `annotation_class`, or None."""
+    return self._annotations.get(annotation_class)
+
+  @property
+  def annotations(self):
+    """The operation's annotations, in the order they were attached."""
+    return tuple(self._annotations.values())
 
   def __repr__(self):
     return "{}[{}]({}) -> {}".format(

@@ -13,10 +13,9 @@ from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import errors
-from mesh_tensorflow import idle_slots
+from mesh_tensorflow import extensions
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import slice_utils
-from mesh_tensorflow import stacking
 
 _SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -29,8 +28,9 @@ class Lowering:
     mesh_to_impl: dict from each mtf.Mesh the graph uses to a MeshImpl.
     autostack: store same-shaped variables that are always assigned
       together as one stacked TF variable per processor, where the mesh
-      implementation supports it (see `stacking` and `autostack()`): fewer
-      TF variables and ops, same results and checkpoints. A graph on which
+      implementation supports it (see `mtf.parallel.autostack` and
+      `autostack()`): fewer TF variables and ops, same results and
+      checkpoints. A graph on which
       `rewrite_stack_variables` was called is stacked with the limits given
       there, whatever this says.
     log_file: optional path; the variable sizes and counters are appended.
@@ -67,13 +67,9 @@ class Lowering:
     body of a while loop) call this for each of them, so that an operation
     is lowered the same way inside a body as outside.
     """
-    skipping = contextlib.nullcontext()
-    slots = idle_slots.of(op)
-    if slots is not None:
-      # An idle pipeline slot's processors may give zeros instead.
-      impl = self.mesh_impl(op)
-      skipping = impl.idle_processors(slots.processors(impl))
-    with skipping:
+    with contextlib.ExitStack() as scopes:
+      for annotation in op.annotations:
+        scopes.enter_context(annotation.lowering_scope(op, self))
       if op.lower_in_name_scope:
         with tf.name_scope(_scope_name(op.name)):
           op.lower(self)
@@ -119,9 +115,8 @@ class Lowering:
             "mesh implementation in this Lowering (pass "
             "{mesh: mesh_impl} for every mesh).")
       impl = self.mesh_to_impl[op.mesh]
-      sharding = op.mesh.data_parallel_sharding
-      if sharding is not None:
-        sharding.check_mesh(impl.shape, op.mesh.name)
+      for extension in op.mesh.extensions:
+        extension.check_lowering(impl, op.mesh)
       for t in op.outputs:
         try:
           impl.slice_shape(t.shape)
@@ -143,8 +138,8 @@ class Lowering:
     runs from the constructor.
     """
     limits = self.graph.stacking_limits or {}
-    self._stack_groups = stacking.plan(self.graph, self.mesh_to_impl,
-                                       **limits)
+    self._stack_groups = extensions.plan_storage(self.graph,
+                                                 self.mesh_to_impl, limits)
 
   def stack_group(self, variable):
     """The group `variable` is stacked with in this lowering, or None."""

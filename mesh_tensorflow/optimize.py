@@ -4,11 +4,14 @@ An optimizer turns gradients into mtf `Assign` operations. Every update is an
 mtf operation and every slot (optimizer state) is an mtf variable named after
 its parameter with the parameter's dimensions (or a subset of them), so the
 layout rules shard optimizer state exactly like the parameter and the update
-runs on each processor's slice without extra communication. With
-`mtf.shard_data_parallel`, a variable replicated over the data-parallel mesh
-dimensions is updated in its update shape instead: on a 1/N shard, with
-slots stored as shards (see data_parallel_sharding); `apply_grad` then gets
-the gradient in that shape and a VariableView of the variable.
+runs on each processor's slice without extra communication. Slots are
+created through the variable creators (`mtf.create_slot`), and a mesh
+extension may have a variable updated in another shape
+(`MeshExtension.update_view`, see mesh_tensorflow.extensions): with
+`mtf.shard_data_parallel`, a variable replicated over the data-parallel
+mesh dimensions is updated on a 1/N shard, with slots stored as shards;
+`apply_grad` then gets the gradient in that shape and a VariableView of
+the variable.
 
 The global step. As in the original, optimizers read TensorFlow's global
 step (`tf.compat.v1.train.get_or_create_global_step()`, see
@@ -35,19 +38,11 @@ from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import configurable as configurable_lib
-from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
 from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow import graph as graph_lib
-from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import ops as mtf
 from mesh_tensorflow import shape as shape_lib
-
-
-def _root_variable_scope():
-  """A variable scope that gives names no prefix (for slots)."""
-  return tf.compat.v1.variable_scope(
-      tf.compat.v1.VariableScope(reuse=None, name=""))
 
 
 def get_or_create_global_step(mesh):
@@ -98,46 +93,26 @@ def _row_statistic_shape(var):
 def _slot(var, suffix, dtype=tf.float32, shape=None):
   """The zero-initialised, non-trainable slot "<var name><suffix>".
 
-  Its value has `shape` (default: the variable's). With sharded weight
-  updates the slot is stored split over the data-parallel mesh dimensions
-  even where `shape` is not (a factored slot without the variable's shard
-  dimension); the value is then a renamed read that `mtf.assign` accepts.
-  The slot of a layer-stacked variable is layer-stacked along the same
-  first dimension, with members "<member><suffix>".
+  Its value has `shape` (default: the variable's). It is created through
+  the variable creators as a slot of `var` (`mtf.create_slot`), so that a
+  strategy stores it as it stores `var`'s state: with sharded weight
+  updates split over the data-parallel mesh dimensions, for a layer-stacked
+  variable layer-stacked along the same first dimension (members
+  "<member><suffix>").
   """
   shape = var.shape if shape is None else shape
-  name = var.name + suffix
-  storage_shape = shape
-  sharding = data_parallel_sharding.sharding_of(var.mesh)
-  if sharding is not None and sharding.shard_weight_update:
-    storage_shape = sharding.plan_variable(name, shape)
-  members = getattr(var, "member_names", None)
-  if members is None:
-    stacking = layer_stacking.stack_layer_variables(None, None)
-  else:
-    slot_members = [m + suffix for m in members]
-    stacking = layer_stacking.stack_layer_variables(
-        storage_shape.dims[0], lambda unused_name: slot_members)
-    storage_shape = shape_lib.Shape(storage_shape.dims[1:])
-  with _root_variable_scope(), stacking:
-    value = mtf.get_variable(
-        var.mesh, name, storage_shape, dtype=dtype,
-        initializer=tf.zeros_initializer(), trainable=False)
-  return mtf.reshape(value, shape)
+  return mtf.create_slot(var, var.name + suffix, shape, dtype,
+                         tf.zeros_initializer())
 
 
 def _in_update_shape(grad, var):
-  """(grad, var) as the optimizer updates them: with sharded weight
-  updates, renamed to the variable's update shape (the gradient's pending
-  sum becomes a reduce-scatter, see data_parallel_sharding) and `var` a
-  VariableView whose assignments gather the new value."""
-  sharding = data_parallel_sharding.sharding_of(var.mesh)
-  if sharding is None or not sharding.shard_weight_update:
-    return grad, var
-  update_shape = sharding.plan_variable(var.name, var.shape)
-  if update_shape == var.shape:
-    return grad, var
-  return mtf.reshape(grad, update_shape), mtf.VariableView(var, update_shape)
+  """(grad, var) as the optimizer updates them: as the mesh's extensions
+  see them (`MeshExtension.update_view`; e.g. with sharded weight updates
+  the gradient renamed to the variable's update shape and a view whose
+  assignments gather the new value)."""
+  for extension in var.mesh.extensions:
+    grad, var = extension.update_view(grad, var)
+  return grad, var
 
 
 def _step_as_float(mesh):

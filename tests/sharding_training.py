@@ -237,6 +237,6 @@ def lower_only(make_loss, make_optimizers, mesh_shape, layout, sharding,
     lowering = mtf.Lowering(graph, {mesh: impl})
     slice_bytes = {v.name: impl.slice_size(v.shape) * v.master_dtype.size
                    for v in graph.all_variables}
-    decisions = dict(mesh.data_parallel_sharding.decisions
-                     if mesh.data_parallel_sharding else {})
+    sharding_of = mtf.parallel.data_parallel_sharding.sharding_of
+    decisions = dict(sharding_of(mesh).decisions if sharding_of(mesh) else {})
     return dict(lowering.counters), slice_bytes, decisions

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import data_parallel_sharding as dps
+from mesh_tensorflow.parallel import data_parallel_sharding as dps
 from tests import mtf_testing
 
 D_MODEL = mtf.Dimension("d_model", 16)
@@ -150,7 +150,8 @@ def test_no_sharding_asked_sets_none():
   mesh = mtf.Mesh(graph, "mesh")
   assert mtf.shard_data_parallel(mesh, "b:4", "batch:b",
                                  shard_weight_update=False) is None
-  assert mesh.data_parallel_sharding is None
+  assert dps.sharding_of(mesh) is None
+  assert not mesh.extensions
 
 
 def test_lowering_on_another_mesh_shape_names_both():

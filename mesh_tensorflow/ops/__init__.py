@@ -114,6 +114,7 @@ from mesh_tensorflow.ops.variables import Assign
 from mesh_tensorflow.ops.variables import assign_slice
 from mesh_tensorflow.ops.variables import assign_sub
 from mesh_tensorflow.ops.variables import assign_sub_slice
+from mesh_tensorflow.ops.variables import create_slot
 from mesh_tensorflow.ops.variables import get_variable
 from mesh_tensorflow.ops.variables import read_variable
 from mesh_tensorflow.ops.variables import ReadVariable

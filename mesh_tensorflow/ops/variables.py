@@ -7,13 +7,11 @@ the graph is lowered. `assign` and friends update the slices in place.
 
 import tensorflow as tf
 
-from mesh_tensorflow import data_parallel_sharding
 from mesh_tensorflow import errors
+from mesh_tensorflow import extensions
 from mesh_tensorflow import graph as graph_lib
-from mesh_tensorflow import layer_stacking
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import variable_store
-from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import reshapes
 
 
@@ -46,7 +44,7 @@ class Variable(graph_lib.Operation):
                member_names=None, **kwargs):
     if not isinstance(dtype, graph_lib.VariableDType):
       raise TypeError(f"Variable {name!r}: dtype must be a VariableDType.")
-    member_names = layer_stacking.check_member_names(
+    member_names = check_member_names(
         name, shape_lib.convert_to_shape(shape), member_names)
     mesh.graph.reserve_name(name)
     super().__init__([], mesh=mesh, name="Variable")
@@ -218,63 +216,88 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
     trainable: whether it is in `graph.trainable_variables`.
     **kwargs: accepted for compatibility with `tf.get_variable` arguments.
 
-  Under `mtf.stack_layer_variables(stack_dim, member_names_fn)` the
-  variable is layer-stacked: of shape [stack_dim] + shape, named
-  "stacked_<stack_dim>/<member 0>", row i standing for (and initialised as)
-  the variable member_names_fn(full name)[i]; the stacked value is returned,
-  or with its `row=i` row i alone (of `shape`).
+  Variable creation goes through the creators of
+  `mtf.extensions.variable_creator_scope` (and those a strategy registered,
+  e.g. `mtf.stack_layer_variables` or `mtf.shard_data_parallel`), which may
+  rewrite its name, shape and storage.
 
   Returns:
     the variable's value, an mtf Tensor in the activation dtype.
   """
-  graph = mesh.graph
-  prefix = graph.current_name_prefix()
-  full_name = f"{prefix}/{name}" if prefix else name
-  shape = shape_lib.convert_to_shape(shape)
-  variable_dtype = _variable_dtype(dtype, master_dtype, slice_dtype,
-                                   activation_dtype)
-  member_names = None
-  row = layer_stacking.current_row()
-  if layer_stacking.current() is not None:
-    stack_dim, member_names = layer_stacking.members_of(full_name, shape)
-    initializer = layer_stacking.RowInitializer(initializer, full_name,
-                                                member_names)
-    full_name = layer_stacking.stacked_name(stack_dim, member_names)
-    shape = shape_lib.Shape([stack_dim] + shape.dims)
-  existing = graph.name_to_variable.get(full_name)
-  if existing is not None and existing.member_names != member_names:
-    raise errors.ShapeError(
-        f"Variable {full_name!r} exists with members "
-        f"{existing.member_names}; it cannot be reused with members "
-        f"{member_names}.")
+  prefix = mesh.graph.current_name_prefix()
+  request = extensions.VariableRequest(
+      mesh=mesh, name=f"{prefix}/{name}" if prefix else name,
+      shape=shape_lib.convert_to_shape(shape),
+      variable_dtype=_variable_dtype(dtype, master_dtype, slice_dtype,
+                                     activation_dtype),
+      initializer=initializer, trainable=trainable, kwargs=dict(kwargs))
+  return extensions.create_variable(request, _create)
+
+
+def _create(request):
+  """The last creator: reuses the variable of that name or makes it."""
+  storage_shape = request.storage_shape or request.shape
+  member_names = (None if request.member_names is None else
+                  list(request.member_names))
+  existing = request.mesh.graph.name_to_variable.get(request.name)
   if existing is not None:
-    if data_parallel_sharding.base_shape(existing.shape) != (
-        data_parallel_sharding.base_shape(shape)):
+    if existing.member_names != member_names:
       raise errors.ShapeError(
-          f"Variable {full_name!r} exists with shape {existing.shape}; it "
-          f"cannot be reused with shape {shape}.")
-    return _row(reshapes.reshape(existing.outputs[0], shape), row)
+          f"Variable {request.name!r} exists with members "
+          f"{existing.member_names}; it cannot be reused with members "
+          f"{member_names}.")
+    if existing.shape != storage_shape:
+      raise errors.ShapeError(
+          f"Variable {request.name!r} exists with shape {existing.shape}; "
+          f"it cannot be reused with shape {storage_shape}.")
+    return reshapes.reshape(existing.outputs[0], request.shape)
+  initializer = request.initializer
   if initializer is None:
     # Chosen now, as the original did: a program that replaces TF's
     # initializer while it builds its graph gets its replacement.
-    initializer = variable_store.default_initializer(full_name)
-  storage_shape = shape
-  sharding = data_parallel_sharding.sharding_of(mesh)
-  if sharding is not None and sharding.shard_parameters:
-    # Stored split over the data-parallel mesh dimensions; gathered where
-    # it is used (see data_parallel_sharding).
-    storage_shape = sharding.plan_variable(full_name, shape)
-  value = Variable(mesh, full_name, storage_shape, variable_dtype,
-                   initializer, trainable, member_names=member_names,
-                   **kwargs).outputs[0]
-  return _row(reshapes.reshape(value, shape), row)
+    initializer = variable_store.default_initializer(request.name)
+  value = Variable(request.mesh, request.name, storage_shape,
+                   request.variable_dtype, initializer, request.trainable,
+                   member_names=member_names, **request.kwargs).outputs[0]
+  return reshapes.reshape(value, request.shape)
 
 
-def _row(value, row):
-  """Row `row` of a stacked variable's value (all of it if row is None)."""
-  if row is None:
-    return value
-  return indexing.gather(value, row, value.shape.dims[0])
+def create_slot(variable, name, shape, dtype, initializer):
+  """A non-trainable optimizer slot of `variable`, of `shape` (its value).
+
+  Created through the variable creators (see `get_variable`) with
+  `slot_of=variable`, outside any variable scope, so that strategies store
+  it as they store `variable`'s state.
+  """
+  request = extensions.VariableRequest(
+      mesh=variable.mesh, name=name, shape=shape_lib.convert_to_shape(shape),
+      variable_dtype=_variable_dtype(dtype, None, None, None),
+      initializer=initializer, trainable=False, slot_of=variable)
+  return extensions.create_variable(request, _create)
+
+
+def check_member_names(name, shape, member_names):
+  """Validates a Variable's member names; returns them as a list or None."""
+  if member_names is None:
+    return None
+  member_names = list(member_names)
+  if not shape.dims:
+    raise errors.ShapeError(
+        f"Variable {name!r}: member_names need a leading stack dimension, "
+        "but the variable is a scalar.")
+  stack_dim = shape.dims[0]
+  if len(member_names) != stack_dim.size:
+    raise errors.ShapeError(
+        f"Variable {name!r}: {len(member_names)} member names for stack "
+        f"dimension {stack_dim.name!r} of size {stack_dim.size}; give one "
+        "name per row.")
+  if not all(isinstance(m, str) and m for m in member_names):
+    raise TypeError(f"Variable {name!r}: member names must be non-empty "
+                    f"strings, got {member_names!r}.")
+  if len(set(member_names)) != len(member_names):
+    raise ValueError(f"Variable {name!r}: member names repeat: "
+                     f"{member_names!r}.")
+  return member_names
 
 
 class ReadVariable(graph_lib.Operation):
@@ -405,8 +428,8 @@ class VariableView:
   Its `value` is the variable's value renamed to `shape` (which may lay it
   out differently: a shard dimension splits it), and assigning to the view
   assigns the variable the new value renamed back. Optimizers update a
-  variable through its view in the update shape when weight updates are
-  sharded (see data_parallel_sharding).
+  variable through the view a mesh extension gives
+  (`MeshExtension.update_view`, e.g. sharded weight updates).
   """
 
   def __init__(self, variable, shape):

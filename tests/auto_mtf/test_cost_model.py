@@ -407,8 +407,8 @@ def test_a_pipeline_iteration_marker_costs_nothing():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   _pipe_loss(mesh)
-  markers = [op for op in graph.operations
-             if isinstance(op, mtf.pipelining.PipelineIterationOperation)]
+  marker_class = mtf.parallel.pipelining.PipelineIterationOperation
+  markers = [op for op in graph.operations if isinstance(op, marker_class)]
   assert len(markers) == 4 + 4 - 1
   for op in markers:
     assert cost_model.operation_cost(op, {"stage": "s"}, "s:4") == (

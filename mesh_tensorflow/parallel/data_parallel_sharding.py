@@ -36,7 +36,10 @@ import collections
 from absl import logging
 
 from mesh_tensorflow import errors
+from mesh_tensorflow import extensions
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.ops import reshapes
+from mesh_tensorflow.ops import variables as variables_lib
 
 # Why a variable keeps its layout, per data-parallel mesh dimension.
 _SPLIT_ALREADY = "its layout splits it over {mesh_dim} already"
@@ -56,8 +59,12 @@ def default_data_mesh_dims(mesh_shape, layout_rules):
   return [d.name for d in mesh_shape if d.name in names]
 
 
-class DataParallelSharding:
+class DataParallelSharding(extensions.MeshExtension):
   """Which dimension of each variable is split over the data-parallel dims.
+
+  Attached to a mesh (`shard_data_parallel`), it plugs into the core as a
+  mesh extension (see mesh_tensorflow.extensions): it chooses the storage
+  of the mesh's variables and slots and the shape updates run in.
 
   Args:
     mesh_shape: the mesh shape the graph will be lowered on.
@@ -157,6 +164,29 @@ class DataParallelSharding:
                      shape, ", ".join(reasons))
     return update_shape
 
+  def create_variable(self, next_creator, request):
+    """Stores parameters (with shard_parameters) and optimizer slots (with
+    shard_weight_update) in their update shape."""
+    if self.shard_parameters if request.slot_of is None else (
+        self.shard_weight_update):
+      request = request.replace(
+          storage_shape=self.plan_variable(request.name, request.shape))
+    return next_creator(request)
+
+  def update_view(self, grad, variable):
+    """The gradient renamed to the variable's update shape (its pending sum
+    becomes a reduce-scatter) and a view whose assignments gather."""
+    if not self.shard_weight_update:
+      return grad, variable
+    update_shape = self.plan_variable(variable.name, variable.shape)
+    if update_shape == variable.shape:
+      return grad, variable
+    return (reshapes.reshape(grad, update_shape),
+            variables_lib.VariableView(variable, update_shape))
+
+  def check_lowering(self, mesh_impl, mesh):
+    self.check_mesh(mesh_impl.shape, mesh.name)
+
   def check_mesh(self, mesh_impl_shape, mesh_name):
     """Raises LayoutError unless lowering on `mesh_impl_shape` matches."""
     if shape_lib.convert_to_shape(mesh_impl_shape) != self.mesh_shape:
@@ -192,17 +222,26 @@ def shard_data_parallel(mesh, mesh_shape, layout_rules,
       batch is split over).
 
   Returns:
-    the DataParallelSharding, also `mesh.data_parallel_sharding`.
+    the DataParallelSharding (see `sharding_of`), or None when neither is
+    asked for (which removes the mesh's sharding).
   """
-  sharding = None
-  if shard_weight_update or shard_parameters:
-    sharding = DataParallelSharding(
-        mesh_shape, layout_rules, shard_weight_update=shard_weight_update,
-        shard_parameters=shard_parameters, data_mesh_dims=data_mesh_dims)
-  mesh.data_parallel_sharding = sharding
+  if not (shard_weight_update or shard_parameters):
+    mesh.remove_extension(DataParallelSharding)
+    return None
+  sharding = DataParallelSharding(
+      mesh_shape, layout_rules, shard_weight_update=shard_weight_update,
+      shard_parameters=shard_parameters, data_mesh_dims=data_mesh_dims)
+  if sharding.shard_parameters:
+    existing = [v.name for v in mesh.graph.all_variables
+                if v.mesh is mesh][:3]
+    if existing:
+      raise ValueError(
+          f"Mesh {mesh.name!r}: sharded parameters must be asked for "
+          f"before variables are created; {existing} exist already.")
+  mesh.add_extension(sharding)
   return sharding
 
 
 def sharding_of(mesh):
   """The DataParallelSharding of `mesh`, or None."""
-  return getattr(mesh, "data_parallel_sharding", None)
+  return mesh.extension(DataParallelSharding)

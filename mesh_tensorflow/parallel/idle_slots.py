@@ -11,10 +11,11 @@ skipped: the slices of an idle processor are zeros instead. On shared
 hardware (logical devices on a few cores) that saves the bubble's work; on
 real devices it frees them while they wait.
 
-`mark` records, on an operation of the stage function that depends on the
-iteration's buffers and whose outputs all have the stage dimension, which
-stages are idle; `inherit` passes the mark on to the operations its
-gradient creates; the Lowering lowers marked operations under the mesh
+`mark_iteration` annotates (see mesh_tensorflow.extensions) each operation
+of the stage function that depends on the iteration's buffers and whose
+outputs all have the stage dimension with the stages that are idle; the
+annotation passes itself on to the operations its operation's gradient
+creates, and has the Lowering lower its operation under the mesh
 implementation's `idle_processors` (a no-op but on PlacementMeshImpl), for
 the processors holding idle stages, when the stage dimension is split over
 a mesh dimension of its size (one stage per processor).
@@ -22,12 +23,13 @@ a mesh dimension of its size (one stage per processor).
 
 import dataclasses
 
+from mesh_tensorflow import extensions
 from mesh_tensorflow import processors
 from mesh_tensorflow import shape as shape_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class IdleSlots:
+class IdleSlots(extensions.Annotation):
   """The stages of `stage_dim` that hold no micro-batch."""
   stage_dim: shape_lib.Dimension
   idle_stages: frozenset
@@ -50,9 +52,21 @@ class IdleSlots:
             mesh_impl.shape, pnum)[axis] in self.idle_stages)
 
 
+  def lowering_scope(self, operation, lowering):
+    """The idle stages' processors may give zeros instead."""
+    impl = lowering.mesh_impl(operation)
+    return impl.idle_processors(self.processors(impl))
+
+  def gradient_created(self, operation, created):
+    """Marks the operations of `operation`'s gradient as it is."""
+    for op in created:
+      if self.covers(op):
+        op.annotate(self)
+
+
 def of(operation):
   """The IdleSlots mark of `operation`, or None."""
-  return getattr(operation, "idle_slots", None)
+  return operation.annotation(IdleSlots)
 
 
 def mark_iteration(operations, buffers, stage_dim, idle_stages):
@@ -67,14 +81,4 @@ def mark_iteration(operations, buffers, stage_dim, idle_stages):
     if any(x in dependent for x in op.inputs):
       dependent.update(op.outputs)
       if slots.covers(op):
-        op.idle_slots = slots
-
-
-def inherit(operation, created):
-  """Marks the operations `created` by `operation`'s gradient as it is."""
-  slots = of(operation)
-  if slots is None:
-    return
-  for op in created:
-    if slots.covers(op):
-      op.idle_slots = slots
+        op.annotate(slots)

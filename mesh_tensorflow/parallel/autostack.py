@@ -13,6 +13,7 @@ the same with and without it.
 
 import collections
 
+from mesh_tensorflow import extensions
 from mesh_tensorflow.ops import variables as variables_lib
 
 # Like the original: stacking copies values, so by default only small
@@ -92,3 +93,9 @@ def plan(graph, mesh_to_impl,
       for v in chunk:
         result[v] = group
   return result
+
+
+@extensions.register_storage_planner
+def _plan_for_lowering(graph, mesh_to_impl, limits):
+  """The Lowering's storage planner (see extensions, point 5)."""
+  return plan(graph, mesh_to_impl, **limits)

@@ -11,11 +11,17 @@ one all-reduce. The price is memory: every term's operands stay alive until
 the last one is known (the end of the backward pass through the uses).
 
 Einsums opt in with `mark(operation, key)` (mtf.pipeline marks its stages'
-einsums when asked: batch_weight_gradients=True). `gradients` then defers
-the terms that reach one tensor from two or more marked einsums of one key
-and the same operand shapes, and sums each such group with one einsum.
+einsums when asked: batch_weight_gradients=True), an annotation. A gradient
+rewrite registered with `mtf.gradients` (see mesh_tensorflow.extensions)
+then defers the terms that reach one tensor from two or more marked einsums
+of one key and the same operand shapes, and sums each such group with one
+einsum.
 """
 
+import dataclasses
+from typing import Any
+
+from mesh_tensorflow import extensions
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import stacking
 
@@ -23,17 +29,28 @@ from mesh_tensorflow.ops import stacking
 TERMS_DIM_NAME = "gradient_terms"
 
 
+@dataclasses.dataclass(frozen=True)
+class GradientBatchKey(extensions.Annotation):
+  """The group an einsum's gradient terms may be batched in."""
+  key: Any
+
+
 def mark(operation, key):
   """Lets `gradients` batch `operation`'s (an einsum's) gradient terms with
   those of other einsums marked with the same `key`."""
-  operation.gradient_batch_key = key
+  operation.annotate(GradientBatchKey(key))
+
+
+def _key(operation):
+  mark_ = operation.annotation(GradientBatchKey)
+  return None if mark_ is None else mark_.key
 
 
 def _signature(operation, index):
   """What a deferred term's group must share: the key, the target tensor
   and the shapes and dtype of its operands."""
   others = [x.shape for j, x in enumerate(operation.inputs) if j != index]
-  return (operation.gradient_batch_key, operation.inputs[index],
+  return (_key(operation), operation.inputs[index],
           operation.outputs[0].shape, tuple(others))
 
 
@@ -43,7 +60,7 @@ def deferred_inputs(operations, downstream):
   one other marked einsum's term of the same signature."""
   groups = {}
   for op in operations:
-    if (getattr(op, "gradient_batch_key", None) is None or
+    if (_key(op) is None or
         not isinstance(op, contractions.EinsumOperation)):
       continue
     for i, x in enumerate(op.inputs):
@@ -53,14 +70,14 @@ def deferred_inputs(operations, downstream):
           for pair in pairs}
 
 
-class PendingTerms:
+class PendingTerms(extensions.GradientRewrite):
   """The deferred gradient terms, per target tensor, until it is needed."""
 
   def __init__(self, deferred):
     self._deferred = deferred
     self._terms = {}  # tensor -> {signature: [operand lists]}
 
-  def defers(self, operation):
+  def takes_over(self, operation):
     return any((operation, i) in self._deferred
                for i in range(len(operation.inputs)))
 
@@ -80,7 +97,7 @@ class PendingTerms:
             operands, output_shape=x.shape, name=f"{operation.name}_grad_{i}"))
     return grads
 
-  def pop(self, tensor):
+  def pop_terms(self, tensor):
     """The sums (one einsum per signature) of `tensor`'s deferred terms."""
     groups = self._terms.pop(tensor, {})
     return [_batched_einsum(terms, tensor.shape)
@@ -108,3 +125,9 @@ def _batched_einsum(terms, output_shape):
                                   name="batched_gradient_operand"))
   return contractions.einsum(stacked, output_shape=output_shape,
                              name="batched_gradient")
+
+
+@extensions.register_gradient_rewrite
+def _batched_terms(operations, downstream):
+  """The rewrite of one `mtf.gradients` call (extensions, point 2)."""
+  return PendingTerms(deferred_inputs(operations, downstream))

@@ -47,9 +47,12 @@ import threading
 import tensorflow as tf
 
 from mesh_tensorflow import errors
+from mesh_tensorflow import extensions
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import tf_initializers
 from mesh_tensorflow import variable_store
+from mesh_tensorflow.ops import indexing
+from mesh_tensorflow.ops import variables as variables_lib
 
 _STATE = threading.local()
 
@@ -123,30 +126,6 @@ def stacked_name(stack_dim, member_names):
   return f"stacked_{stack_dim.name}/{member_names[0]}"
 
 
-def check_member_names(name, shape, member_names):
-  """Validates a Variable's member names; returns them as a list or None."""
-  if member_names is None:
-    return None
-  member_names = list(member_names)
-  if not shape.dims:
-    raise errors.ShapeError(
-        f"Variable {name!r}: member_names need a leading stack dimension, "
-        "but the variable is a scalar.")
-  stack_dim = shape.dims[0]
-  if len(member_names) != stack_dim.size:
-    raise errors.ShapeError(
-        f"Variable {name!r}: {len(member_names)} member names for stack "
-        f"dimension {stack_dim.name!r} of size {stack_dim.size}; give one "
-        "name per row.")
-  if not all(isinstance(m, str) and m for m in member_names):
-    raise TypeError(f"Variable {name!r}: member names must be non-empty "
-                    f"strings, got {member_names!r}.")
-  if len(set(member_names)) != len(member_names):
-    raise ValueError(f"Variable {name!r}: member names repeat: "
-                     f"{member_names!r}.")
-  return member_names
-
-
 def members_of(full_name, shape):
   """(stack Dimension, member names) of variable `full_name` (row shape
   `shape`) under the current `stack_layer_variables`."""
@@ -161,8 +140,8 @@ def members_of(full_name, shape):
     raise TypeError(f"member_names_fn({full_name!r}) gave a string; it must "
                     "give a list of names, one per row.")
   stacked_shape = shape_lib.Shape([stack_dim] + shape.dims)
-  return stack_dim, check_member_names(full_name, stacked_shape,
-                                       member_names)
+  return stack_dim, variables_lib.check_member_names(
+      full_name, stacked_shape, member_names)
 
 
 def _renamed_origin(origin, full_name, member):
@@ -229,3 +208,37 @@ class RowInitializer:
     shape = [int(s) for s in shape]
     return tf.stack([self.row(i, shape[1:], dtype)
                      for i in range(len(self._rows))])
+
+
+def _row(value, row):
+  """Row `row` of a stacked variable's value (all of it if row is None)."""
+  if row is None:
+    return value
+  return indexing.gather(value, row, value.shape.dims[0])
+
+
+@extensions.register_variable_creator
+def _create_layer_stacked(next_creator, request):
+  """Makes variables layer-stacked under `stack_layer_variables`, and the
+  optimizer slots of layer-stacked variables (extensions, point 3)."""
+  if request.slot_of is not None:
+    members = request.slot_of.member_names
+    if members is None:
+      return next_creator(request)
+    suffix = request.name[len(request.slot_of.name):]
+    slot_members = [m + suffix for m in members]
+    return next_creator(request.replace(
+        member_names=tuple(slot_members),
+        initializer=RowInitializer(request.initializer, request.name,
+                                   slot_members)))
+  if current() is None:
+    return next_creator(request)
+  row = current_row()
+  stack_dim, member_names = members_of(request.name, request.shape)
+  value = next_creator(request.replace(
+      name=stacked_name(stack_dim, member_names),
+      shape=shape_lib.Shape([stack_dim] + request.shape.dims),
+      initializer=RowInitializer(request.initializer, request.name,
+                                 member_names),
+      member_names=tuple(member_names)))
+  return _row(value, row)
