@@ -21,11 +21,14 @@ did, so that they go through the same feature conversion.
 """
 
 import csv
+import dataclasses
 import os
+from typing import Optional
 
 import tensorflow as tf
 
 
+@dataclasses.dataclass(eq=False)
 class InputExample(object):
   """One example to classify: one or two texts and, unless a test, a label.
 
@@ -35,16 +38,10 @@ class InputExample(object):
     text_b: the second text of a pair task, or None.
     label: the label as the task's files spell it, or None.
   """
-
-  def __init__(self, guid, text_a, text_b=None, label=None):
-    self.guid = guid
-    self.text_a = text_a
-    self.text_b = text_b
-    self.label = label
-
-  def __repr__(self):
-    return (f"InputExample(guid={self.guid!r}, text_a={self.text_a!r}, "
-            f"text_b={self.text_b!r}, label={self.label!r})")
+  guid: str
+  text_a: str
+  text_b: Optional[str] = None
+  label: Optional[str] = None
 
 
 class PaddingInputExample(object):
@@ -57,17 +54,15 @@ class PaddingInputExample(object):
   """
 
 
+@dataclasses.dataclass(eq=False)
 class InputFeatures(object):
   """The model's inputs of one example: ids, mask and segments of
   max_seq_length each, the label's index and whether it is real."""
-
-  def __init__(self, input_ids, input_mask, segment_ids, label_id,
-               is_real_example=True):
-    self.input_ids = input_ids
-    self.input_mask = input_mask
-    self.segment_ids = segment_ids
-    self.label_id = label_id
-    self.is_real_example = is_real_example
+  input_ids: list
+  input_mask: list
+  segment_ids: list
+  label_id: int
+  is_real_example: bool = True
 
 
 class DataProcessor(object):

@@ -34,6 +34,7 @@ for padding) and next_sentence_labels (int64, 1 if B is random).
 """
 
 import collections
+import dataclasses
 import random
 
 from absl import flags
@@ -78,16 +79,14 @@ _define("bool", "show_traceback", False,
 TOKENIZE_BATCH = 4096
 
 
+@dataclasses.dataclass(eq=False)
 class TrainingInstance(object):
   """One sentence pair: its tokens, segments and masked LM targets."""
-
-  def __init__(self, tokens, segment_ids, masked_lm_positions,
-               masked_lm_labels, is_random_next):
-    self.tokens = tokens
-    self.segment_ids = segment_ids
-    self.is_random_next = is_random_next
-    self.masked_lm_positions = masked_lm_positions
-    self.masked_lm_labels = masked_lm_labels
+  tokens: list
+  segment_ids: list
+  masked_lm_positions: list
+  masked_lm_labels: list
+  is_random_next: bool
 
   def __str__(self):
     return (f"tokens: {' '.join(self.tokens)}\n"

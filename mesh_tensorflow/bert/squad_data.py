@@ -11,7 +11,9 @@ such tokens.
 """
 
 import collections
+import dataclasses
 import json
+from typing import Optional
 
 from absl import flags
 from absl import logging
@@ -40,6 +42,7 @@ def flag_or_default(name, default):
   return default
 
 
+@dataclasses.dataclass(eq=False)
 class SquadExample(object):
   """One question about one context.
 
@@ -47,22 +50,13 @@ class SquadExample(object):
   and end_position the answer's first and last word (-1 for a SQuAD 2.0
   question without an answer; None when not training).
   """
-
-  def __init__(self,
-               qas_id,
-               question_text,
-               doc_tokens,
-               orig_answer_text=None,
-               start_position=None,
-               end_position=None,
-               is_impossible=False):
-    self.qas_id = qas_id
-    self.question_text = question_text
-    self.doc_tokens = doc_tokens
-    self.orig_answer_text = orig_answer_text
-    self.start_position = start_position
-    self.end_position = end_position
-    self.is_impossible = is_impossible
+  qas_id: str
+  question_text: str
+  doc_tokens: list
+  orig_answer_text: Optional[str] = None
+  start_position: Optional[int] = None
+  end_position: Optional[int] = None
+  is_impossible: bool = False
 
   def __str__(self):
     return self.__repr__()
@@ -80,6 +74,7 @@ class SquadExample(object):
     return ", ".join(parts)
 
 
+@dataclasses.dataclass(eq=False)
 class InputFeatures(object):
   """One window of an example, as the model's inputs.
 
@@ -89,32 +84,18 @@ class InputFeatures(object):
   end_position index `tokens` (0, the [CLS], when the answer is not in
   the window or there is none).
   """
-
-  def __init__(self,
-               unique_id,
-               example_index,
-               doc_span_index,
-               tokens,
-               token_to_orig_map,
-               token_is_max_context,
-               input_ids,
-               input_mask,
-               segment_ids,
-               start_position=None,
-               end_position=None,
-               is_impossible=None):
-    self.unique_id = unique_id
-    self.example_index = example_index
-    self.doc_span_index = doc_span_index
-    self.tokens = tokens
-    self.token_to_orig_map = token_to_orig_map
-    self.token_is_max_context = token_is_max_context
-    self.input_ids = input_ids
-    self.input_mask = input_mask
-    self.segment_ids = segment_ids
-    self.start_position = start_position
-    self.end_position = end_position
-    self.is_impossible = is_impossible
+  unique_id: int
+  example_index: int
+  doc_span_index: int
+  tokens: list
+  token_to_orig_map: dict
+  token_is_max_context: dict
+  input_ids: list
+  input_mask: list
+  segment_ids: list
+  start_position: Optional[int] = None
+  end_position: Optional[int] = None
+  is_impossible: Optional[bool] = None
 
 
 def _is_whitespace(c):
