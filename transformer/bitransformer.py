@@ -145,18 +145,24 @@ class Bitransformer:
   def _encode(self, inputs, compute_loss, mode, variable_dtype, sequence_id,
               position, shared_params, layer_outputs, num_microbatches=1):
     """Runs the encoder: (its output, its sequence ids, its loss or None),
-    the first two with "memory_length" for the decoder to attend to.
-
-    Subclasses whose encoder changes the length (a funnel) override this.
-    """
+    the first two with "memory_length" for the decoder to attend to."""
     encoder_output, encoder_loss = self.encoder.call_simple(
         inputs, None, compute_loss, mode=mode, variable_dtype=variable_dtype,
         sequence_id=sequence_id, position=position,
         shared_params=shared_params, layer_outputs=layer_outputs,
         num_microbatches=num_microbatches)
+    sequence_id = self._encoder_output_sequence_id(sequence_id)
     return (mtf.layers.rename_length_to_memory_length(encoder_output),
             mtf.layers.rename_length_to_memory_length(sequence_id),
             encoder_loss)
+
+  def _encoder_output_sequence_id(self, sequence_id):
+    """The sequence ids of the encoder's output, given its input's.
+
+    The same here; subclasses whose encoder changes the length (a funnel)
+    override this.
+    """
+    return sequence_id
 
   @gin.configurable(module="Bitransformer")
   def decode(self,

@@ -220,21 +220,12 @@ class BitransformerFunnel(transformer.Bitransformer):
   pooled sequence ids telling apart its examples and padding.
   """
 
-  def _encode(self, inputs, compute_loss, mode, variable_dtype,
-              sequence_id, position, shared_params, layer_outputs,
-              num_microbatches=1):
-    """(encoder output, its sequence ids, loss), with "memory_length"."""
-    encoder_output, encoder_loss = self.encoder.call_simple(
-        inputs, None, compute_loss, mode=mode, variable_dtype=variable_dtype,
-        sequence_id=sequence_id, position=position,
-        shared_params=shared_params, layer_outputs=layer_outputs,
-        num_microbatches=num_microbatches)
+  def _encoder_output_sequence_id(self, sequence_id):
+    """The pooled sequence ids of the funnel's last call."""
     stack_context = getattr(self.encoder.layer_stack, "context", None)
     if stack_context is not None:
       sequence_id = stack_context.sequence_id
-    return (mtf.layers.rename_length_to_memory_length(encoder_output),
-            mtf.layers.rename_length_to_memory_length(sequence_id),
-            encoder_loss)
+    return sequence_id
 
   @gin.configurable(module="BitransformerFunnel")
   def decode(self,
