@@ -292,6 +292,7 @@ class _PerExampleInputs:
         return False
       self._tensors[id(value)] = value
       return True
+    # any() of lists, not generators: every item is walked.
     if isinstance(value, (list, tuple)):
       return any([self._walk(v, f"{path}[{i}]")
                   for i, v in enumerate(value)])
