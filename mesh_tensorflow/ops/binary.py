@@ -13,6 +13,7 @@ from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import reduce as reduce_lib
 from mesh_tensorflow.ops import slicewise_ops
@@ -118,6 +119,9 @@ class ScalarMultiplyOperation(graph_lib.Operation):
                                      lowering.tensors[self._inputs[0]]))
 
 
+cost_rules.register(ScalarMultiplyOperation, cost_rules.LinearCost())
+
+
 class ScalarAddOperation(graph_lib.Operation):
   """x + scalar, for a Python/NumPy scalar."""
 
@@ -136,6 +140,9 @@ class ScalarAddOperation(graph_lib.Operation):
         self._outputs[0],
         impl.slicewise(lambda x: x + scalar,
                        lowering.tensors[self._inputs[0]]))
+
+
+cost_rules.register(ScalarAddOperation, cost_rules.SLICEWISE)
 
 
 def _is_scalar(x):
@@ -264,6 +271,9 @@ class WhereOperation(graph_lib.Operation):
         impl.slicewise(fn, *[lowering.tensors[t] for t in self._inputs]))
 
 
+cost_rules.register(WhereOperation, cost_rules.SLICEWISE)
+
+
 def where(condition, if_true, if_false, output_shape=None, name=None):
   """if_true where `condition` is true, else if_false (either may be a
   scalar), broadcast by dimension name.
@@ -321,6 +331,15 @@ class AddNOperation(graph_lib.Operation):
 
       y = impl.slicewise(fn, *inputs)
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+@cost_rules.rule_for(AddOperation, AddNOperation)
+class _AddCost(cost_rules.LinearCost):
+  """add and add_n delay the allreduces only when every operand has the
+  output's shape (see their lower)."""
+
+  def applies(self, info):
+    return all(d == info.out_dims[0] for d in info.in_dims)
 
 
 def add_n(xs, output_shape=None, name=None):

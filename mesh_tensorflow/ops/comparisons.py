@@ -19,6 +19,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import constants
+from mesh_tensorflow.ops import cost_rules
 
 
 def broadcast_shape(shape1, shape2, output_shape=None, context="binary op"):
@@ -113,6 +114,9 @@ class BinaryOpWithBroadcasting(graph_lib.Operation):
     lowering.set_tensor_lowering(
         self._outputs[0],
         impl.slicewise(fn, lowering.tensors[x1], lowering.tensors[x2]))
+
+
+cost_rules.register(BinaryOpWithBroadcasting, cost_rules.SLICEWISE)
 
 
 def binary_op_with_broadcasting(tf_fn, x1, x2, output_shape=None,

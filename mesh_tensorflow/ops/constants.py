@@ -7,6 +7,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import reshapes
 
 
@@ -36,6 +37,9 @@ class ImportOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(
         self._outputs[0],
         impl.import_tf_tensor(self._outputs[0], self._tf_tensor))
+
+
+cost_rules.register(ImportOperation, cost_rules.NO_WORK)
 
 
 def import_tf_tensor(mesh, tf_tensor, shape=None, name=None):
@@ -126,6 +130,9 @@ class ImportLaidOutTensorOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(self._outputs[0], self._laid_out_tensor)
 
 
+cost_rules.register(ImportLaidOutTensorOperation, cost_rules.NO_WORK)
+
+
 def import_laid_out_tensor(mesh, laid_out_tensor, shape, name=None):
   """Imports data that is already laid out (an expert's path, e.g. infeed).
 
@@ -174,6 +181,9 @@ class Constant(graph_lib.Operation):
       y = impl.import_tf_tensor(self._outputs[0],
                                 tf.constant(self._value, dtype=dtype))
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+cost_rules.register(Constant, cost_rules.NO_WORK)
 
 
 def constant(mesh, value, shape=None, dtype=tf.float32, name=None):
@@ -229,6 +239,9 @@ class RangeOperation(graph_lib.Operation):
                    else impl.slicewise(lambda _: 0, impl.laid_out_pnum()))
     lowering.set_tensor_lowering(self._outputs[0],
                                  impl.slicewise(fn, coordinates))
+
+
+cost_rules.register(RangeOperation, cost_rules.NO_WORK)
 
 
 def mtf_range(mesh, dim, dtype, name=None):

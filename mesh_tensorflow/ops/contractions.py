@@ -23,6 +23,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
+from mesh_tensorflow.ops import cost_rules
 
 _LETTERS = string.ascii_letters
 
@@ -66,7 +67,8 @@ class EinsumOperation(graph_lib.Operation):
     all_dims = _union_of_dims(input_shapes)
     intersection = shape_lib.Shape([d for d in out_shape if d in all_dims])
     inputs = [lowering.tensors[x] for x in self._inputs]
-    replicate = _dims_to_replicate(impl, all_dims, out_shape)
+    replicate = _dims_to_replicate(impl.tensor_dimension_to_mesh_axis,
+                                   all_dims, out_shape)
     for i, x in enumerate(self._inputs):
       for d in x.shape:
         if d in replicate:
@@ -110,6 +112,53 @@ class EinsumOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 
+@cost_rules.rule_for(EinsumOperation)
+class _EinsumCost(cost_rules.CostRule):
+  """FLOPs of the local einsum, the allconcats of `_dims_to_replicate`, and
+  a sum pending over the mesh dimensions of split summed-over dimensions
+  (allreduced at once when the output broadcasts further)."""
+
+  may_pend = True
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    out = info.out_dims[0]
+    all_dims = _union_of_dims(info.in_dims)
+    replicate = _dims_to_replicate(lambda d: layout.mesh_dim(d[0]), all_dims,
+                                   out)
+    collectives = []
+    for dims, itemsize in zip(info.in_dims, info.in_itemsize):
+      sizes = layout.slice_sizes(dims)
+      for k, d in enumerate(dims):
+        if d in replicate:
+          collectives.append(cost_rules.collective(
+              layout, "allconcat", (layout.mesh_dim(d[0]),),
+              math.prod(sizes) * itemsize))
+          sizes[k] = d[1]
+    reduced = layout.summed_mesh_dims([all_dims], out, skip=replicate)
+    flops = 2
+    for d in all_dims:
+      m = layout.mesh_dim(d[0])
+      whole = m is None or d in replicate
+      flops *= d[1] if whole else d[1] // layout.sizes[m]
+    pending = reduced
+    intersection = [d for d in out if d in all_dims]
+    if len(intersection) != len(out):
+      # Broadcast to the output right away: the partial sums of the
+      # intersection are reduced here.
+      if reduced:
+        collectives.append(cost_rules.collective(
+            layout, "allreduce", reduced,
+            cost_rules.slice_bytes(layout, intersection,
+                                   info.out_itemsize[0])))
+      pending = ()
+    # Its operands and result pass through memory too: a skinny matmul
+    # (a weight gradient of few rows) costs its bytes more than its FLOPs.
+    return cost_rules.RuleResult([pending], collectives, flops=flops,
+                                 matmul_bytes=cost_rules.io_bytes(info,
+                                                                  layout))
+
+
 def _elementwise_order(input_shapes, out_shape):
   """The dimension order in which to multiply the inputs element-wise (then
   sum), or None when the einsum is a real contraction.
@@ -129,7 +178,7 @@ def _elementwise_order(input_shapes, out_shape):
   return None
 
 
-def _dims_to_replicate(impl, all_dims, out_shape):
+def _dims_to_replicate(mesh_axis_of, all_dims, out_shape):
   """Summed-over dimensions to gather before the local einsum.
 
   Dimensions of different inputs may be split over the same mesh dimension
@@ -138,16 +187,25 @@ def _dims_to_replicate(impl, all_dims, out_shape):
   wrong. On each such mesh dimension, one dimension stays split (the output's
   if it has one there, else the largest) and the summed-over others are
   allconcatenated first.
+
+  Args:
+    mesh_axis_of: function of a dimension, the mesh axis splitting it or
+      None.
+    all_dims: the inputs' dimensions (Dimensions or (name, size) pairs).
+    out_shape: the output's, of the same kind.
+
+  Returns:
+    the set of dimensions to replicate.
   """
   by_axis = {}
   for d in all_dims:
-    axis = impl.tensor_dimension_to_mesh_axis(d)
+    axis = mesh_axis_of(d)
     if axis is not None:
       by_axis.setdefault(axis, []).append(d)
   replicate = set()
   for dims in by_axis.values():
     if len(dims) > 1:
-      keep = max(dims, key=lambda d: (d in out_shape, d.size))
+      keep = max(dims, key=lambda d: (d in out_shape, d[1]))
       replicate.update(d for d in dims if d != keep and d not in out_shape)
   return replicate
 

@@ -13,6 +13,7 @@ from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import reshapes
@@ -87,6 +88,25 @@ class Depend(graph_lib.Operation):
     else:
       out = impl.slicewise(fn, value.to_laid_out_tensor())
     lowering.set_tensor_lowering(self._outputs[0], out)
+
+
+@cost_rules.rule_for(Depend)
+class _DependCost(cost_rules.CostRule):
+  """Passes input 0 on (pending or not); waits for the others without
+  reducing them."""
+
+  may_pend = True
+  passes = True
+  may_keep = True
+
+  def run(self, info, ctx):
+    nbytes = 2 * cost_rules.slice_bytes(ctx.layout, info.in_dims[0],
+                                        info.in_itemsize[0])
+    return cost_rules.RuleResult([ctx.state(info, 0)],
+                                 elementwise_bytes=nbytes)
+
+  def keeps_pending(self, info, index, pending, ctx):
+    return True
 
 
 def _unreduced(value):
@@ -180,6 +200,9 @@ class CustomGradientOperation(graph_lib.Operation):
   def lower(self, lowering):
     for out, forward in zip(self._outputs, self._forward_outputs):
       lowering.set_tensor_lowering(out, lowering.tensors[forward])
+
+
+cost_rules.register(CustomGradientOperation, cost_rules.SLICEWISE)
 
 
 def _external_inputs(operations, explicit_inputs):
@@ -428,6 +451,11 @@ class WhileLoopOperation(graph_lib.Operation):
       if i >= n and lazy_axes.get(i - n):
         value = mesh_impl_lib.LazyAllreduceSum(impl, value, lazy_axes[i - n])
       lowering.set_tensor_lowering(t, value)
+
+
+# Not modelled: a loop's body is costed as slicewise work, once.
+cost_rules.register(_LoopPlaceholder, cost_rules.SLICEWISE)
+cost_rules.register(WhileLoopOperation, cost_rules.SLICEWISE)
 
 
 def while_loop(cond_fn, body_fn, inputs, num_loop_vars=None,

@@ -38,6 +38,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import shifts
 from mesh_tensorflow.ops import slicing
 
@@ -154,6 +155,11 @@ class _ConvBase(graph_lib.Operation):
   # Dimensions refused by check_splits beyond the unsplittable marks.
   _refused_splits = frozenset()
 
+  @property
+  def rank(self):
+    """The number of spatial dimensions (2 or 3)."""
+    return self._rank
+
   def _validate(self, image_shape, filter_shape, strides, padding,
                 filter_image_channel_axis):
     rank = self._rank
@@ -210,6 +216,35 @@ class _ConvBase(graph_lib.Operation):
           f"{self._kind} {self.name!r}: the output-side tensor has shape "
           f"{dy_shape}, but the convolution of the input produces "
           f"{expected}.")
+
+
+@cost_rules.rule_for(_ConvBase)
+class _ConvCost(cost_rules.CostRule):
+  """Convolutions and their gradients: FLOPs of the direct algorithm (2 x
+  the larger of image and output slice elements x filter elements per
+  output channel); a split dimension summed over (a channel, or the batch
+  for the filter gradient) leaves a pending sum."""
+
+  may_pend = True
+
+  def attributes(self, info):
+    return (info.op.rank,)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    rank = info.op.rank
+    filt = [d for d in info.in_dims if len(d) == rank + 2]
+    sides = [d for d in info.in_dims + info.out_dims if len(d) != rank + 2]
+    flops = 0
+    if filt and sides:
+      per_out = math.prod(s for _, s in filt[0][:-1])
+      flops = 2 * per_out * max(layout.slice_elements(d) for d in sides)
+    pending = layout.summed_mesh_dims(info.in_dims, info.out_dims[0])
+    # Like an einsum's, its operands and result are priced at the matmul
+    # byte rate.
+    return cost_rules.RuleResult([pending], flops=flops,
+                                 matmul_bytes=cost_rules.io_bytes(info,
+                                                                  layout))
 
 
 class _ConvOperation(_ConvBase):
@@ -574,68 +609,52 @@ def conv3d_transpose(x, conv_filter, strides, padding, name=None):
                                   name=name).outputs[0]
 
 
-def conv2d_backprop_input(input_shape, conv_filter, dy, strides, padding,
-                          name=None):
-  """The gradient of `conv2d` with respect to an input of `input_shape`."""
-  return Conv2or3dBackpropInputOperation(
-      2, False, input_shape, conv_filter, dy, strides, padding,
-      name=name).outputs[0]
+def _backprop_function(operation_class, rank, is_transpose, wrt):
+  """The public gradient function of conv{rank}d[_transpose] with respect
+  to `wrt` ("input" or "filter"), as the original named it."""
+  forward = f"conv{rank}d" + ("_transpose" if is_transpose else "")
+
+  def backprop(*args, name=None):
+    return operation_class(rank, is_transpose, *args, name=name).outputs[0]
+
+  return backprop, forward + "_backprop_" + wrt, (
+      f"The gradient of `{forward}` with respect to its {wrt}.")
 
 
-def conv2d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
-                           name=None):
-  """The gradient of `conv2d` with respect to a filter of `filter_shape`."""
-  return Conv2or3dBackpropFilterOperation(
-      2, False, conv_input, filter_shape, dy, strides, padding,
-      name=name).outputs[0]
+def _backprop_input_function(rank, is_transpose):
+  backprop, name, doc = _backprop_function(
+      Conv2or3dBackpropInputOperation, rank, is_transpose, "input")
+
+  def backprop_input(input_shape, conv_filter, dy, strides, padding,
+                     name=None):
+    return backprop(input_shape, conv_filter, dy, strides, padding, name=name)
+
+  backprop_input.__name__ = backprop_input.__qualname__ = name
+  backprop_input.__doc__ = doc + " `input_shape` is the input's Shape."
+  return backprop_input
 
 
-def conv3d_backprop_input(input_shape, conv_filter, dy, strides, padding,
-                          name=None):
-  """The gradient of `conv3d` with respect to an input of `input_shape`."""
-  return Conv2or3dBackpropInputOperation(
-      3, False, input_shape, conv_filter, dy, strides, padding,
-      name=name).outputs[0]
+def _backprop_filter_function(rank, is_transpose):
+  backprop, name, doc = _backprop_function(
+      Conv2or3dBackpropFilterOperation, rank, is_transpose, "filter")
+
+  def backprop_filter(conv_input, filter_shape, dy, strides, padding,
+                      name=None):
+    return backprop(conv_input, filter_shape, dy, strides, padding, name=name)
+
+  backprop_filter.__name__ = backprop_filter.__qualname__ = name
+  backprop_filter.__doc__ = doc + " `filter_shape` is the filter's Shape."
+  return backprop_filter
 
 
-def conv3d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
-                           name=None):
-  """The gradient of `conv3d` with respect to a filter of `filter_shape`."""
-  return Conv2or3dBackpropFilterOperation(
-      3, False, conv_input, filter_shape, dy, strides, padding,
-      name=name).outputs[0]
-
-
-def conv2d_transpose_backprop_input(input_shape, conv_filter, dy, strides,
-                                    padding, name=None):
-  """The gradient of `conv2d_transpose` with respect to its input."""
-  return Conv2or3dBackpropInputOperation(
-      2, True, input_shape, conv_filter, dy, strides, padding,
-      name=name).outputs[0]
-
-
-def conv2d_transpose_backprop_filter(conv_input, filter_shape, dy, strides,
-                                     padding, name=None):
-  """The gradient of `conv2d_transpose` with respect to its filter."""
-  return Conv2or3dBackpropFilterOperation(
-      2, True, conv_input, filter_shape, dy, strides, padding,
-      name=name).outputs[0]
-
-
-def conv3d_transpose_backprop_input(input_shape, conv_filter, dy, strides,
-                                    padding, name=None):
-  """The gradient of `conv3d_transpose` with respect to its input."""
-  return Conv2or3dBackpropInputOperation(
-      3, True, input_shape, conv_filter, dy, strides, padding,
-      name=name).outputs[0]
-
-
-def conv3d_transpose_backprop_filter(conv_input, filter_shape, dy, strides,
-                                     padding, name=None):
-  """The gradient of `conv3d_transpose` with respect to its filter."""
-  return Conv2or3dBackpropFilterOperation(
-      3, True, conv_input, filter_shape, dy, strides, padding,
-      name=name).outputs[0]
+conv2d_backprop_input = _backprop_input_function(2, False)
+conv2d_backprop_filter = _backprop_filter_function(2, False)
+conv3d_backprop_input = _backprop_input_function(3, False)
+conv3d_backprop_filter = _backprop_filter_function(3, False)
+conv2d_transpose_backprop_input = _backprop_input_function(2, True)
+conv2d_transpose_backprop_filter = _backprop_filter_function(2, True)
+conv3d_transpose_backprop_input = _backprop_input_function(3, True)
+conv3d_transpose_backprop_filter = _backprop_filter_function(3, True)
 
 
 def _with_blocks(conv_fn, x, conv_filter, strides, padding, blocks_dims,

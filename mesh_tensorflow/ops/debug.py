@@ -7,6 +7,7 @@ from tensorflow.core.framework import summary_pb2  # pylint: disable=g-direct-te
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow.ops import cost_rules
 
 __all__ = [
     "Print",
@@ -35,6 +36,9 @@ class PrintOperation(graph_lib.Operation):
         self._outputs[0],
         impl.Print(lowering.laid_out_tensor(self._inputs[0]), data,
                    self._message, **self._print_kwargs))
+
+
+cost_rules.register(PrintOperation, cost_rules.SLICEWISE)
 
 
 def Print(x, data, message, name=None, **kwargs):  # pylint: disable=invalid-name
@@ -103,6 +107,10 @@ class ScalarSummaryOperation(graph_lib.Operation):
     else:
       write_scalar(self._summary_name, value)
     lowering.set_tensor_lowering(self._outputs[0], lowering.tensors[x])
+
+
+# It exports (reduces) its input and passes it on.
+cost_rules.register(ScalarSummaryOperation, cost_rules.NO_WORK)
 
 
 def write_scalar(name, value):

@@ -11,6 +11,7 @@ import math
 import tensorflow as tf
 
 from mesh_tensorflow import graph as graph_lib
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import slicewise_ops
 
 
@@ -26,6 +27,21 @@ def _unary(tf_fn, x, name, grad_tf_fn=None, grad_uses_output=False):
 
   return slicewise_ops.cwise(tf_fn, [x], grad_function=grad_function,
                              name=name)
+
+
+def _unary_of_output(tf_fn, x, name, grad_kernel):
+  """An element-wise op whose gradient is TF's kernel `grad_kernel(y=, dy=)`
+  of its output y."""
+  return _unary(tf_fn, x, name, lambda y, dy: grad_kernel(y=y, dy=dy),
+                grad_uses_output=True)
+
+
+def _unary_of_activation(tf_fn, x, name, grad_kernel):
+  """An element-wise op whose gradient is TF's kernel
+  `grad_kernel(gradients=, outputs=)` of its output."""
+  return _unary(tf_fn, x, name,
+                lambda y, dy: grad_kernel(gradients=dy, outputs=y),
+                grad_uses_output=True)
 
 
 def identity(x, name="identity"):
@@ -52,15 +68,11 @@ def log(x, name="log"):
 
 
 def sqrt(x, name="sqrt"):
-  return _unary(tf.sqrt, x, name,
-                lambda y, dy: tf.raw_ops.SqrtGrad(y=y, dy=dy),
-                grad_uses_output=True)
+  return _unary_of_output(tf.sqrt, x, name, tf.raw_ops.SqrtGrad)
 
 
 def rsqrt(x, name="rsqrt"):
-  return _unary(tf.math.rsqrt, x, name,
-                lambda y, dy: tf.raw_ops.RsqrtGrad(y=y, dy=dy),
-                grad_uses_output=True)
+  return _unary_of_output(tf.math.rsqrt, x, name, tf.raw_ops.RsqrtGrad)
 
 
 def square(x, name="square"):
@@ -68,21 +80,16 @@ def square(x, name="square"):
 
 
 def sigmoid(x, name="sigmoid"):
-  return _unary(tf.sigmoid, x, name,
-                lambda y, dy: tf.raw_ops.SigmoidGrad(y=y, dy=dy),
-                grad_uses_output=True)
+  return _unary_of_output(tf.sigmoid, x, name, tf.raw_ops.SigmoidGrad)
 
 
 def tanh(x, name="tanh"):
-  return _unary(tf.tanh, x, name,
-                lambda y, dy: tf.raw_ops.TanhGrad(y=y, dy=dy),
-                grad_uses_output=True)
+  return _unary_of_output(tf.tanh, x, name, tf.raw_ops.TanhGrad)
 
 
 def reciprocal(x, name="reciprocal"):
-  return _unary(tf.math.reciprocal, x, name,
-                lambda y, dy: tf.raw_ops.ReciprocalGrad(y=y, dy=dy),
-                grad_uses_output=True)
+  return _unary_of_output(tf.math.reciprocal, x, name,
+                          tf.raw_ops.ReciprocalGrad)
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -138,6 +145,9 @@ class StopGradient(graph_lib.Operation):
                                  lowering.tensors[self._inputs[0]])
 
 
+cost_rules.register(StopGradient, cost_rules.PassThroughCost())
+
+
 def stop_gradient(x, name="stop_gradient"):
   """Identity whose gradient is zero (None)."""
   return StopGradient(x, name=name).outputs[0]
@@ -168,15 +178,11 @@ def cos(x, name="cos"):
 
 
 def elu(x, name="elu"):
-  return _unary(tf.nn.elu, x, name,
-                lambda y, dy: tf.raw_ops.EluGrad(gradients=dy, outputs=y),
-                grad_uses_output=True)
+  return _unary_of_activation(tf.nn.elu, x, name, tf.raw_ops.EluGrad)
 
 
 def selu(x, name="selu"):
-  return _unary(tf.nn.selu, x, name,
-                lambda y, dy: tf.raw_ops.SeluGrad(gradients=dy, outputs=y),
-                grad_uses_output=True)
+  return _unary_of_activation(tf.nn.selu, x, name, tf.raw_ops.SeluGrad)
 
 
 def softplus(x, name="softplus"):

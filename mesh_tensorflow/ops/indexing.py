@@ -19,6 +19,7 @@ from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 
 
@@ -32,12 +33,13 @@ def _block_offset(impl, dim):
   return mesh_axis, offset
 
 
-def _indices_axis_on(impl, indices_shape, mesh_axis):
-  """The axis of `indices_shape` split over `mesh_axis`, or None."""
+def _indices_axis_on(mesh_axis_of, indices_shape, mesh_axis):
+  """The axis of `indices_shape` split over `mesh_axis`, or None
+  (`mesh_axis_of`: function of a dimension, the mesh axis splitting it)."""
   if mesh_axis is None:
     return None
   for axis, d in enumerate(indices_shape):
-    if impl.tensor_dimension_to_mesh_axis(d) == mesh_axis:
+    if mesh_axis_of(d) == mesh_axis:
       return axis
   return None
 
@@ -78,6 +80,9 @@ class OneHotOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 
+cost_rules.register(OneHotOperation, cost_rules.SLICEWISE)
+
+
 def one_hot(indices, output_dim, on_value=1.0, off_value=0.0,
             dtype=tf.float32, name=None):
   """One-hot encoding; the output shape is indices.shape + output_dim."""
@@ -100,6 +105,11 @@ class GatherOperation(graph_lib.Operation):
     _check_indices(indices, f"GatherOperation {self.name!r}")
     self._dim = dim
     self._outputs = [graph_lib.Tensor(self, output_shape, weights.dtype)]
+
+  @property
+  def dim(self):
+    """The dimension of the weights looked up."""
+    return self._dim
 
   def gradient(self, grad_ys):
     weights, indices = self._inputs
@@ -131,7 +141,8 @@ class GatherOperation(graph_lib.Operation):
       return slice_utils.transpose_to(g, gathered_shape, out_shape)
 
     args = [lowering.tensors[weights], lowering.tensors[indices]]
-    shared_axis = _indices_axis_on(impl, indices.shape, mesh_axis)
+    shared_axis = _indices_axis_on(impl.tensor_dimension_to_mesh_axis,
+                                   indices.shape, mesh_axis)
     if offset is None:
       y = impl.slicewise(fn, *args)
     elif shared_axis is None:
@@ -160,6 +171,11 @@ class ScatterAddOperation(graph_lib.Operation):
     self._dim = dim
     self._outputs = [graph_lib.Tensor(self, weights_shape, updates.dtype)]
 
+  @property
+  def dim(self):
+    """The dimension of the output the indices point along."""
+    return self._dim
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     indices, updates = self._inputs
@@ -182,7 +198,8 @@ class ScatterAddOperation(graph_lib.Operation):
       return slice_utils.transpose_to(summed, segments_shape, weights_shape)
 
     args = [lowering.tensors[indices], lowering.tensors[updates]]
-    shared_axis = _indices_axis_on(impl, indices.shape, mesh_axis)
+    shared_axis = _indices_axis_on(impl.tensor_dimension_to_mesh_axis,
+                                   indices.shape, mesh_axis)
     if shared_axis is not None:
       # `dim` and an indices dimension are split over the same mesh axis:
       # gather all indices and updates along it, so that each processor
@@ -201,6 +218,69 @@ class ScatterAddOperation(graph_lib.Operation):
     if mesh_axes:
       y = mesh_impl_lib.LazyAllreduceSum(impl, y, mesh_axes)
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+class _IndexingCost(cost_rules.CostRule):
+  """What gather and scatter_add share: their lowering depends on the mesh
+  dimension splitting `dim`, and on whether the indices are split over it
+  too (`_indices_axis_on`)."""
+
+  may_pend = True
+
+  def attributes(self, info):
+    return (info.op.dim.name,)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    m = layout.mesh_dim(info.op.dim.name)
+    idx_dims = info.in_dims[self.indices_input]
+    shared = _indices_axis_on(lambda d: layout.mesh_dim(d[0]), idx_dims, m)
+    return self.price(info, layout, m, idx_dims, shared is not None)
+
+
+@cost_rules.rule_for(GatherOperation)
+class _GatherCost(_IndexingCost):
+  """A split `dim` leaves a pending sum, or, with indices split over the
+  same mesh dimension, allconcats them and reduce-scatters the result."""
+
+  indices_input = 1
+
+  def price(self, info, layout, m, idx_dims, shared):
+    nbytes = cost_rules.io_bytes(info, layout)
+    if m is None:
+      return cost_rules.RuleResult([()], elementwise_bytes=nbytes)
+    if not shared:
+      return cost_rules.RuleResult([(m,)], elementwise_bytes=nbytes)
+    partial = cost_rules.slice_bytes(layout, info.out_dims[0],
+                                     info.out_itemsize[0]) * layout.sizes[m]
+    indices_bytes = cost_rules.slice_bytes(layout, idx_dims,
+                                           info.in_itemsize[1])
+    collectives = [
+        cost_rules.collective(layout, "allconcat", (m,), indices_bytes),
+        cost_rules.collective(layout, "reduce_scatter", (m,), partial)]
+    return cost_rules.RuleResult([()], collectives, elementwise_bytes=nbytes)
+
+
+@cost_rules.rule_for(ScatterAddOperation)
+class _ScatterAddCost(_IndexingCost):
+  """Indices split over `dim`'s mesh dimension allconcat (with the
+  updates); a sum pends over the other mesh dimensions of the indices."""
+
+  indices_input = 0
+
+  def price(self, info, layout, m, idx_dims, shared):
+    collectives = []
+    if shared:
+      for dims, itemsize in zip(info.in_dims, info.in_itemsize):
+        collectives.append(cost_rules.collective(
+            layout, "allconcat", (m,),
+            cost_rules.slice_bytes(layout, dims, itemsize)))
+    pending = layout.sort(
+        layout.mesh_dim(n) for n, _ in idx_dims
+        if layout.mesh_dim(n) is not None and layout.mesh_dim(n) != m)
+    return cost_rules.RuleResult([pending], collectives,
+                                 elementwise_bytes=cost_rules.io_bytes(
+                                     info, layout))
 
 
 def gather(weights, indices, dim, output_shape=None, name=None):

@@ -19,6 +19,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
+from mesh_tensorflow.ops import cost_rules
 
 __all__ = [
     "PoolBackPropOperation",
@@ -130,6 +131,9 @@ class PoolOperation(graph_lib.Operation):
         impl.slicewise(fn, lowering.laid_out_tensor(self._inputs[0])))
 
 
+cost_rules.register(PoolOperation, cost_rules.SLICEWISE)
+
+
 class PoolBackPropOperation(graph_lib.Operation):
   """The gradient of a PoolOperation with respect to its input."""
 
@@ -177,6 +181,9 @@ class PoolBackPropOperation(graph_lib.Operation):
     x, y, dy = (lowering.laid_out_tensor(t) for t in self._inputs)
     lowering.set_tensor_lowering(self._outputs[0],
                                  impl.slicewise(fn, x, y, dy))
+
+
+cost_rules.register(PoolBackPropOperation, cost_rules.SLICEWISE)
 
 
 def pool_backprop(x, y, dy, ksize, strides, pool_fn_string, name=None):

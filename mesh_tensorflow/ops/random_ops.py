@@ -27,6 +27,7 @@ from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import stateless_random
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 
 __all__ = [
@@ -177,6 +178,9 @@ class RandomOperation(graph_lib.Operation):
 
   def gradient(self, grad_ys):
     return []
+
+
+cost_rules.register(RandomOperation, cost_rules.SLICEWISE)
 
 
 def dropout(x, is_training=True, keep_prob=None, rate=None, noise_shape=None,

@@ -17,6 +17,7 @@ from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import contractions
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import slicewise_ops
 
@@ -102,6 +103,42 @@ class ReduceOperation(graph_lib.Operation):
       else:
         y = impl.allreduce(y, mesh_axes, across)
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+@cost_rules.rule_for(ReduceOperation)
+class _ReduceCost(cost_rules.CostRule):
+  """A sum leaves its split reduced dimensions pending (with its input's
+  pending sums, when they are over other mesh dimensions); other
+  reductions allreduce at once."""
+
+  may_pend = True
+  passes = True
+  may_keep = True
+
+  def attributes(self, info):
+    return (info.op.reduction_fn_string,)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    mesh_dims = layout.summed_mesh_dims(info.in_dims, info.out_dims[0])
+    nbytes = cost_rules.io_bytes(info, layout)
+    if info.op.reduction_fn_string == "SUM":
+      pending = ctx.state(info, 0)
+      if pending and not set(pending) & set(mesh_dims):
+        return cost_rules.RuleResult([layout.sort(pending + mesh_dims)],
+                                     elementwise_bytes=nbytes)
+      return cost_rules.RuleResult([mesh_dims], elementwise_bytes=nbytes)
+    collectives = []
+    if mesh_dims:
+      collectives.append(cost_rules.collective(
+          layout, "allreduce", mesh_dims,
+          cost_rules.slice_bytes(layout, info.out_dims[0],
+                                 info.out_itemsize[0])))
+    return cost_rules.RuleResult([()], collectives, elementwise_bytes=nbytes)
+
+  def keeps_pending(self, info, index, pending, ctx):
+    return (info.op.reduction_fn_string == "SUM" and not set(pending) &
+            set(ctx.layout.summed_mesh_dims(info.in_dims, info.out_dims[0])))
 
 
 def reduction_output_shape(x, output_shape, reduced_dim):
@@ -236,6 +273,10 @@ class BroadcastOperation(graph_lib.Operation):
         self._outputs[0],
         impl.broadcast_impl(lowering.laid_out_tensor(x), x.shape,
                             self._outputs[0].shape))
+
+
+# Broadcasting slices a split new dimension locally.
+cost_rules.register(BroadcastOperation, cost_rules.SLICEWISE)
 
 
 def broadcast(x, new_shape, name=None):

@@ -18,12 +18,188 @@ y[c=24] with rules "c:all" is local (both split the outermost elements in
 halves); renaming "a" to "d" with no rule for "d" allconcats.
 """
 
+import dataclasses
+import math
+from typing import NamedTuple, Optional, Tuple
+
 import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.ops import cost_rules
+
+
+class ReshapeStep(NamedTuple):
+  """One step of a reshape's plan, on the slices before they are reshaped.
+
+  Attributes:
+    kind: "reduce_scatter", "allreduce" (of the pending sums left),
+      "allsplit" (local), "alltoall" or "allconcat".
+    mesh_axes: the mesh axes it runs over (one, but for "allreduce").
+    split_axis: the old tensor axis it splits, or None.
+    concat_axis: the old tensor axis it concatenates, or None.
+  """
+  kind: str
+  mesh_axes: Tuple[int, ...]
+  split_axis: Optional[int] = None
+  concat_axis: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshapePlan:
+  """What a reshape does to a laid-out tensor (see `reshape_plan`).
+
+  Attributes:
+    local: no mesh axis moves: each slice is reshaped, and a pending sum
+      stays pending.
+    reduces_input: the input's pending sum is first reduced as it is (the
+      allreduce of the input, shared with its other readers).
+    steps: ReshapeSteps, in order, before the slices are reshaped.
+    split_after: mesh axes split (locally) after the slices are reshaped.
+    pending: the mesh axes the output is a pending sum over.
+  """
+  local: bool = False
+  reduces_input: bool = False
+  steps: Tuple[ReshapeStep, ...] = ()
+  split_after: Tuple[int, ...] = ()
+  pending: Tuple[int, ...] = ()
+
+
+def _exclusive_cumprod(sizes):
+  result = []
+  product = 1
+  for size in sizes:
+    result.append(product)
+    product *= size
+  return result
+
+
+def _mesh_axis_to_cumprod(cumprod, layout, num_mesh_axes):
+  """For each mesh axis, the exclusive cumprod of the tensor axis split over
+  it (None if none is): where that split sits in row-major order."""
+  result = [None] * num_mesh_axes
+  for tensor_axis, mesh_axis in enumerate(layout):
+    if mesh_axis is not None:
+      result[mesh_axis] = cumprod[tensor_axis]
+  return result
+
+
+def reshape_plan(old_sizes, old_layout, new_sizes, new_layout, mesh_sizes,
+                 pending=()):
+  """The collectives and local splits a reshape does, in order.
+
+  The lowering of ReshapeOperation follows the plan, and the cost rule
+  prices it: one decision for both.
+
+  As in the original: split first (local, and it shrinks what the
+  collectives carry), then all-to-all, then concatenate. A move whose
+  target axis is still split waits until the concatenations have freed it;
+  failing that it concatenates and splits after the reshape. A pending sum
+  over a mesh axis that newly splits an unsplit old tensor axis is reduced
+  and split at once (reduce_scatter).
+
+  Args:
+    old_sizes: the input's tensor-dimension sizes.
+    old_layout: per input tensor axis, the mesh axis splitting it or None.
+    new_sizes: the output's tensor-dimension sizes.
+    new_layout: per output tensor axis, the mesh axis splitting it or None.
+    mesh_sizes: per mesh axis, its size.
+    pending: the mesh axes (sorted) the input is a pending sum over.
+
+  Returns:
+    a ReshapePlan.
+  """
+  num_mesh_axes = len(mesh_sizes)
+  old_starts = _exclusive_cumprod(old_sizes)
+  old_cumprod = _mesh_axis_to_cumprod(old_starts, old_layout, num_mesh_axes)
+  new_cumprod = _mesh_axis_to_cumprod(_exclusive_cumprod(new_sizes),
+                                      new_layout, num_mesh_axes)
+  changed = [a for a in range(num_mesh_axes)
+             if old_cumprod[a] != new_cumprod[a]]
+  pending = tuple(pending)
+  if not changed:
+    return ReshapePlan(local=True, pending=pending)
+  # `current` tracks, per old tensor axis, the mesh axis splitting it.
+  current = list(old_layout)
+  steps = []
+
+  def splittable_old_axis(mesh_axis):
+    """The unsplit old axis that starts where the new split starts.
+
+    Size-1 axes start where the next axis does; they cannot be split, so
+    the axis after them is the candidate.
+    """
+    start = new_cumprod[mesh_axis]
+    axis = next((a for a, c in enumerate(old_starts)
+                 if c == start and old_sizes[a] > 1), None)
+    if (axis is not None and current[axis] is None and
+        old_sizes[axis] % mesh_sizes[mesh_axis] == 0):
+      return axis
+    return None
+
+  def split(kind, mesh_axis):
+    split_axis = splittable_old_axis(mesh_axis)
+    if split_axis is None:
+      return False
+    steps.append(ReshapeStep(kind, (mesh_axis,), split_axis=split_axis))
+    current[split_axis] = mesh_axis
+    return True
+
+  def try_alltoall(mesh_axis):
+    concat_axis = current.index(mesh_axis)
+    current[concat_axis] = None
+    split_axis = splittable_old_axis(mesh_axis)
+    if split_axis is None:
+      current[concat_axis] = mesh_axis
+      return False
+    steps.append(ReshapeStep("alltoall", (mesh_axis,), split_axis,
+                             concat_axis))
+    current[split_axis] = mesh_axis
+    return True
+
+  def concat(mesh_axis):
+    concat_axis = current.index(mesh_axis)
+    steps.append(ReshapeStep("allconcat", (mesh_axis,),
+                             concat_axis=concat_axis))
+    current[concat_axis] = None
+
+  splits = [a for a in changed
+            if old_cumprod[a] is None and new_cumprod[a] is not None]
+  alltoalls = [a for a in changed
+               if old_cumprod[a] is not None and new_cumprod[a] is not None]
+  concats = [a for a in changed
+             if old_cumprod[a] is not None and new_cumprod[a] is None]
+  reduces_input = False
+  if pending:
+    scattered = [a for a in splits
+                 if a in pending and split("reduce_scatter", a)]
+    if not scattered:
+      reduces_input = True
+    splits = [a for a in splits if a not in scattered]
+    pending = tuple(a for a in pending if a not in scattered)
+    if scattered and pending and not alltoalls and not concats and all(
+        a not in pending and splittable_old_axis(a) is not None
+        for a in splits):
+      # The rest is local and linear: the sum stays pending.
+      for mesh_axis in splits:
+        split("allsplit", mesh_axis)
+      return ReshapePlan(steps=tuple(steps), pending=pending)
+    if scattered and pending:
+      steps.append(ReshapeStep("allreduce", pending))
+  splits = [a for a in splits if not split("allsplit", a)]
+  alltoalls = [a for a in alltoalls if not try_alltoall(a)]
+  for mesh_axis in concats:
+    concat(mesh_axis)
+  split_after = []
+  for mesh_axis in alltoalls:
+    if not try_alltoall(mesh_axis):
+      concat(mesh_axis)
+      split_after.append(mesh_axis)
+  split_after += [a for a in splits if not split("allsplit", a)]
+  return ReshapePlan(reduces_input=reduces_input, steps=tuple(steps),
+                     split_after=tuple(split_after))
 
 
 class ReshapeOperation(graph_lib.Operation):
@@ -46,140 +222,95 @@ class ReshapeOperation(graph_lib.Operation):
     old_shape = self._inputs[0].shape
     new_shape = self._outputs[0].shape
     x = lowering.tensors[self._inputs[0]]
-    old_cumprod = impl.mesh_axis_to_cumprod(old_shape)
-    new_cumprod = impl.mesh_axis_to_cumprod(new_shape)
-    changed = [a for a in range(impl.ndims) if old_cumprod[a] != new_cumprod[a]]
+    lazy = x if isinstance(x, mesh_impl_lib.LazyAllreduceSum) else None
+    new_layout = list(impl.tensor_layout(new_shape))
+    plan = reshape_plan(old_shape.to_integer_list,
+                        list(impl.tensor_layout(old_shape)),
+                        new_shape.to_integer_list, new_layout,
+                        impl.shape.to_integer_list,
+                        lazy.mesh_axes if lazy is not None else ())
     new_slice_shape = impl.slice_shape(new_shape)
-    if not changed:
+    if plan.local:
       y = impl.slicewise_delay_allreduce(
           lambda s: tf.reshape(s, new_slice_shape), x)
       lowering.set_tensor_lowering(self._outputs[0], y)
       return
-
-    lazy = x if isinstance(x, mesh_impl_lib.LazyAllreduceSum) else None
-    # `current` tracks, per old tensor axis, the mesh axis splitting it.
-    current = list(impl.tensor_layout(old_shape))
-    mesh_sizes = impl.shape.to_integer_list
-
-    def splittable_old_axis(mesh_axis):
-      """The unsplit old axis that starts where the new split starts.
-
-      Size-1 axes start where the next axis does; they cannot be split, so
-      the axis after them is the candidate.
-      """
-      start = new_cumprod[mesh_axis]
-      axis = next((a for a, c in enumerate(old_shape.cumprod)
-                   if c == start and old_shape[a].size > 1), None)
-      if (axis is not None and current[axis] is None and
-          old_shape[axis].size % mesh_sizes[mesh_axis] == 0):
-        return axis
-      return None
-
-    # As in the original: split first (local, and it shrinks what the
-    # collectives below carry), then all-to-all, then concatenate. A move
-    # whose target axis is still split waits until the concatenations have
-    # freed it; failing that it concatenates and splits after the reshape.
-    splits = [a for a in changed
-              if old_cumprod[a] is None and new_cumprod[a] is not None]
-    alltoalls = [a for a in changed
-                 if old_cumprod[a] is not None and new_cumprod[a] is not None]
-    concats = [a for a in changed
-               if old_cumprod[a] is not None and new_cumprod[a] is None]
-    split_after = []
-
-    if lazy is not None:
-      x, splits, pending = self._reduce_scatter_pending_sums(
-          impl, lazy, splits, splittable_old_axis, current)
-      if pending and not alltoalls and not concats and all(
-          a not in pending and splittable_old_axis(a) is not None
-          for a in splits):
-        # The rest is local and linear: the sum stays pending.
-        for mesh_axis in splits:
-          split_axis = splittable_old_axis(mesh_axis)
-          x = impl.allsplit(x, mesh_axis, split_axis)
-          current[split_axis] = mesh_axis
-        x = impl.slicewise(lambda s: tf.reshape(s, new_slice_shape), x)
-        lowering.set_tensor_lowering(
-            self._outputs[0], mesh_impl_lib.LazyAllreduceSum(
-                impl, x, pending, add_counter_fn=lazy.add_counter_fn))
-        return
-      if pending:
-        x = mesh_impl_lib.LazyAllreduceSum(
-            impl, x, pending, add_counter_fn=lazy.add_counter_fn)
-    x = x.to_laid_out_tensor()
-
-    def try_split(mesh_axis):
-      split_axis = splittable_old_axis(mesh_axis)
-      if split_axis is None:
-        return False
-      nonlocal x
-      x = impl.allsplit(x, mesh_axis, split_axis)
-      current[split_axis] = mesh_axis
-      return True
-
-    def try_alltoall(mesh_axis):
-      concat_axis = current.index(mesh_axis)
-      current[concat_axis] = None
-      split_axis = splittable_old_axis(mesh_axis)
-      if split_axis is None:
-        current[concat_axis] = mesh_axis
-        return False
-      nonlocal x
-      x = impl.alltoall(x, mesh_axis, split_axis, concat_axis)
-      current[split_axis] = mesh_axis
-      return True
-
-    splits = [a for a in splits if not try_split(a)]
-    alltoalls = [a for a in alltoalls if not try_alltoall(a)]
-    for mesh_axis in concats:
-      concat_axis = current.index(mesh_axis)
-      x = impl.allconcat(x, mesh_axis, concat_axis)
-      current[concat_axis] = None
-    for mesh_axis in alltoalls:
-      if not try_alltoall(mesh_axis):
-        concat_axis = current.index(mesh_axis)
-        x = impl.allconcat(x, mesh_axis, concat_axis)
-        current[concat_axis] = None
-        split_after.append(mesh_axis)
-    split_after += [a for a in splits if not try_split(a)]
-
-    new_layout = impl.tensor_layout(new_shape)
+    if lazy is not None and not plan.reduces_input:
+      x = lazy.laid_out_input
+    else:
+      x = x.to_laid_out_tensor()
+    for step in plan.steps:
+      x = _lower_step(impl, x, step, lazy)
     intermediate = [
-        d.size if mesh_axis is None or mesh_axis in split_after else s
+        d.size if mesh_axis is None or mesh_axis in plan.split_after else s
         for d, s, mesh_axis in zip(new_shape, new_slice_shape, new_layout)]
     x = impl.slicewise(lambda s: tf.reshape(s, intermediate), x)
-    for mesh_axis in split_after:
-      x = impl.allsplit(x, mesh_axis, list(new_layout).index(mesh_axis))
+    for mesh_axis in plan.split_after:
+      x = impl.allsplit(x, mesh_axis, new_layout.index(mesh_axis))
+    if plan.pending:
+      x = mesh_impl_lib.LazyAllreduceSum(
+          impl, x, plan.pending, add_counter_fn=lazy.add_counter_fn)
     lowering.set_tensor_lowering(self._outputs[0], x)
 
-  @staticmethod
-  def _reduce_scatter_pending_sums(impl, lazy, splits, splittable_old_axis,
-                                   current):
-    """Reduce-scatters the pending sums of `lazy` that the reshape splits.
 
-    A mesh axis the sum is pending over that newly splits an unsplit old
-    tensor axis is reduced and split at once (reduce_scatter), instead of
-    allreduced and then split: half the bytes. Updates `current`.
+def _lower_step(impl, x, step, lazy):
+  """`x` after one ReshapeStep (`lazy`: the pending input, if any)."""
+  mesh_axis = step.mesh_axes[0]
+  if step.kind == "reduce_scatter":
+    return impl.reduce_scatter(x, mesh_axis, step.split_axis, "SUM")
+  if step.kind == "allreduce":
+    return mesh_impl_lib.LazyAllreduceSum(
+        impl, x, step.mesh_axes,
+        add_counter_fn=lazy.add_counter_fn).to_laid_out_tensor()
+  if step.kind == "allsplit":
+    return impl.allsplit(x, mesh_axis, step.split_axis)
+  if step.kind == "alltoall":
+    return impl.alltoall(x, mesh_axis, step.split_axis, step.concat_axis)
+  return impl.allconcat(x, mesh_axis, step.concat_axis)
 
-    Returns:
-      (the partial sums after the reduce-scatters, or `lazy` itself if there
-      were none; the splits left to do; the mesh axes still pending).
-    """
-    scattered = []
-    x = lazy.laid_out_input
-    for mesh_axis in splits:
-      if mesh_axis not in lazy.mesh_axes:
-        continue
-      split_axis = splittable_old_axis(mesh_axis)
-      if split_axis is None:
-        continue
-      x = impl.reduce_scatter(x, mesh_axis, split_axis, "SUM")
-      current[split_axis] = mesh_axis
-      scattered.append(mesh_axis)
-    if not scattered:
-      return lazy, splits, []
-    return (x, [a for a in splits if a not in scattered],
-            [a for a in lazy.mesh_axes if a not in scattered])
+
+@cost_rules.rule_for(ReshapeOperation)
+class _ReshapeCost(cost_rules.CostRule):
+  """The collectives of `reshape_plan`, priced; pending sums as it says."""
+
+  may_pend = True
+  passes = True
+  may_keep = True
+
+  def run(self, info, ctx):
+    return self._price(info, ctx, ctx.state(info, 0))[0]
+
+  def keeps_pending(self, info, index, pending, ctx):
+    return self._price(info, ctx, pending)[1]
+
+  def _price(self, info, ctx, pending):
+    """(RuleResult, whether a pending input is not reduced plainly)."""
+    layout = ctx.layout
+    old, new = info.in_dims[0], info.out_dims[0]
+    mesh = list(layout.sizes)
+    mesh_sizes = [layout.sizes[m] for m in mesh]
+    plan = reshape_plan([s for _, s in old],
+                        [layout.mesh_axis(n) for n, _ in old],
+                        [s for _, s in new],
+                        [layout.mesh_axis(n) for n, _ in new], mesh_sizes,
+                        tuple(layout.order[m] for m in pending))
+    nbytes = cost_rules.io_bytes(info, layout)
+    sizes = layout.slice_sizes(old)
+    collectives = []
+    for step in plan.steps:
+      n = layout.group_size(mesh[a] for a in step.mesh_axes)
+      if step.kind != "allsplit":
+        collectives.append(cost_rules.collective(
+            layout, step.kind, tuple(mesh[a] for a in step.mesh_axes),
+            math.prod(sizes) * info.in_itemsize[0]))
+      if step.split_axis is not None:
+        sizes[step.split_axis] //= n
+      if step.concat_axis is not None:
+        sizes[step.concat_axis] *= n
+    pending_out = tuple(mesh[a] for a in plan.pending)
+    return (cost_rules.RuleResult([pending_out], collectives,
+                                  elementwise_bytes=nbytes),
+            not plan.reduces_input)
 
 
 def reshape(x, new_shape, name=None):

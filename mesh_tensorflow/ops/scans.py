@@ -21,6 +21,7 @@ from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import reduce as reduce_lib
 from mesh_tensorflow.ops import reshapes
 from mesh_tensorflow.ops import slicing
@@ -67,6 +68,11 @@ class CumsumOperation(graph_lib.Operation):
     self._reverse = bool(reverse)
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
 
+  @property
+  def dim(self):
+    """The dimension summed along."""
+    return self._dim
+
   def gradient(self, grad_ys):
     return [CumsumOperation(grad_ys[0], self._dim, exclusive=self._exclusive,
                             reverse=not self._reverse,
@@ -100,6 +106,27 @@ class CumsumOperation(graph_lib.Operation):
         self._outputs[0],
         impl.slicewise(add_offset, local, totals,
                        impl.laid_out_pcoord(mesh_axis)))
+
+
+@cost_rules.rule_for(CumsumOperation)
+class _CumsumCost(cost_rules.CostRule):
+  """cumsum along a split dimension: block totals all-concatenated."""
+
+  def attributes(self, info):
+    return (info.op.dim.name,)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    name = info.op.dim.name
+    m = layout.mesh_dim(name)
+    collectives = []
+    if m is not None:
+      collectives.append(cost_rules.collective(
+          layout, "allconcat", (m,), cost_rules.slice_bytes_without(
+              layout, info.in_dims[0], name, info.in_itemsize[0])))
+    return cost_rules.RuleResult([()], collectives,
+                                 elementwise_bytes=cost_rules.io_bytes(
+                                     info, layout))
 
 
 def _pool_shape(tensor, pool_dim, pool_size, context):

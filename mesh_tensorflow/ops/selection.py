@@ -26,6 +26,7 @@ from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import contractions
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import random_ops
@@ -97,6 +98,11 @@ class TopKOperation(graph_lib.Operation):
   def k_dim(self):
     return self._k_dim
 
+  @property
+  def k(self):
+    """How many entries are kept (1 when k_dim is None)."""
+    return self._k
+
   def gradient(self, grad_ys):
     """Scatters the values' gradient back to the chosen positions."""
     dy = grad_ys[0]
@@ -161,6 +167,33 @@ class TopKOperation(graph_lib.Operation):
       values, indices = impl.slicewise(merge, values, indices)
     lowering.set_tensor_lowering(self._outputs[0], values)
     lowering.set_tensor_lowering(self._outputs[1], indices)
+
+
+@cost_rules.rule_for(TopKOperation)
+class _TopKCost(cost_rules.CostRule):
+  """top_k over a split dimension: each block's top k, all-concatenated
+  (values and indices), then merged."""
+
+  def attributes(self, info):
+    op = info.op
+    return (op.reduced_dim.name, op.reduced_dim.size, op.k)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    op = info.op
+    reduced = op.reduced_dim.name
+    m = layout.mesh_dim(reduced)
+    collectives = []
+    if m is not None:
+      block_k = min(op.k, op.reduced_dim.size // layout.sizes[m])
+      rest = layout.slice_elements(
+          [d for d in info.in_dims[0] if d[0] != reduced])
+      for itemsize in info.out_itemsize:
+        collectives.append(cost_rules.collective(
+            layout, "allconcat", (m,), rest * block_k * itemsize))
+    return cost_rules.RuleResult(cost_rules.no_pending(info), collectives,
+                                 elementwise_bytes=cost_rules.io_bytes(
+                                     info, layout))
 
 
 def top_k(x, reduced_dim, k_dim, name=None):

@@ -27,6 +27,7 @@ from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import reshapes
 from mesh_tensorflow.ops import slicing
@@ -103,6 +104,18 @@ class ShiftOperation(graph_lib.Operation):
     self._wrap = bool(wrap)
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
 
+  @property
+  def dim(self):
+    return self._dim
+
+  @property
+  def offset(self):
+    return self._offset
+
+  @property
+  def wrap(self):
+    return self._wrap
+
   def gradient(self, grad_ys):
     return [shift(grad_ys[0], -self._offset, self._dim, self._wrap)]
 
@@ -116,23 +129,87 @@ class ShiftOperation(graph_lib.Operation):
       y = impl.slicewise(lambda s: _local_shift(s, axis, offset, wrap), x)
       lowering.set_tensor_lowering(self._outputs[0], y)
       return
-    if wrap:
-      offset %= self._dim.size
-    block = impl.slice_shape(self._inputs[0].shape)[axis]
-    # offset = blocks * block + rest with 0 <= rest < block: output block p
-    # starts with the last `rest` entries of block p - blocks - 1 and goes on
-    # with the first block - rest entries of block p - blocks.
-    blocks, rest = divmod(offset, block)
-    if rest == 0:
-      y = impl.shift_by_n_processors(x, mesh_axis, blocks, wrap)
+    pieces = _shift_pieces(offset, self._dim.size,
+                           impl.slice_shape(self._inputs[0].shape)[axis],
+                           wrap)
+    if len(pieces) == 1:
+      y = impl.shift_by_n_processors(x, mesh_axis, pieces[0][0], wrap)
     else:
-      tail = impl.slicewise(lambda s: _take(s, axis, block - rest, rest), x)
-      head = impl.slicewise(lambda s: _take(s, axis, 0, block - rest), x)
-      tail = impl.shift_by_n_processors(tail, mesh_axis, blocks + 1, wrap)
-      head = impl.shift_by_n_processors(head, mesh_axis, blocks, wrap)
+      (tail_blocks, rest), (head_blocks, head_size) = pieces
+      tail = impl.slicewise(lambda s: _take(s, axis, head_size, rest), x)
+      head = impl.slicewise(lambda s: _take(s, axis, 0, head_size), x)
+      tail = impl.shift_by_n_processors(tail, mesh_axis, tail_blocks, wrap)
+      head = impl.shift_by_n_processors(head, mesh_axis, head_blocks, wrap)
       y = impl.slicewise(lambda t, h: tf.concat([t, h], axis=axis), tail,
                          head)
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+def _shift_pieces(offset, size, block, wrap):
+  """How a shift along a split dimension assembles each block.
+
+  With offset = blocks * block + rest (0 <= rest < block), output block p
+  is the last `rest` entries of block p - blocks - 1 followed by the first
+  block - rest entries of block p - blocks.
+
+  Args:
+    offset: the shift.
+    size: the dimension's size.
+    block: the entries of one block (one processor's slice).
+    wrap: whether the shift wraps around.
+
+  Returns:
+    a list of (blocks to shift by, entries taken) pairs, in output order:
+    one pair when the shift moves whole blocks, else two.
+  """
+  if wrap:
+    offset %= size
+  blocks, rest = divmod(offset, block)
+  if rest == 0:
+    return [(blocks, block)]
+  return [(blocks + 1, rest), (blocks, block - rest)]
+
+
+def _receivers(n, offset, wrap):
+  """Members of a group of n that get a slice from another member when
+  shifting by `offset` processors (as shift_by_n_processors counts)."""
+  count = 0
+  for i in range(n):
+    c = i - offset
+    if not 0 <= c < n:
+      c = c % n if wrap else None
+    if c is not None and c != i:
+      count += 1
+  return count
+
+
+@cost_rules.rule_for(ShiftOperation)
+class _ShiftCost(cost_rules.CostRule):
+  """Over a split dimension: a receive for each of `_shift_pieces`."""
+
+  def attributes(self, info):
+    op = info.op
+    return (op.dim.name, op.offset, op.wrap)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    op = info.op
+    dims = info.in_dims[0]
+    m = layout.mesh_dim(op.dim.name)
+    collectives = []
+    if m is not None:
+      n = layout.sizes[m]
+      block = op.dim.size // n
+      per_entry = cost_rules.slice_bytes(layout, dims,
+                                         info.in_itemsize[0]) // block
+      for blocks, entries in _shift_pieces(op.offset, op.dim.size, block,
+                                           op.wrap):
+        collectives.append(cost_rules.collective(
+            layout, "receive", (m,), per_entry * entries,
+            _receivers(n, blocks, op.wrap)))
+    return cost_rules.RuleResult([()], collectives,
+                                 elementwise_bytes=cost_rules.io_bytes(
+                                     info, layout))
 
 
 def shift(x, offset, dim, wrap, name=None):

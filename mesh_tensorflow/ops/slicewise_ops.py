@@ -11,6 +11,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.ops import cost_rules
 
 
 class SlicewiseOperation(graph_lib.Operation):
@@ -75,6 +76,9 @@ class SlicewiseOperation(graph_lib.Operation):
       lowering.set_tensor_lowering(t, v)
 
 
+cost_rules.register(SlicewiseOperation, cost_rules.SLICEWISE)
+
+
 class GenericGradOperation(graph_lib.Operation):
   """Gradients of a slicewise operation, taken per slice by TensorFlow.
 
@@ -127,6 +131,9 @@ class GenericGradOperation(graph_lib.Operation):
                             *[lowering.tensors[x] for x in self._inputs])
     for t, v in zip(self._outputs, values):
       lowering.set_tensor_lowering(t, v)
+
+
+cost_rules.register(GenericGradOperation, cost_rules.SLICEWISE)
 
 
 def slicewise(tf_fn, xs, output_shape=None, output_dtype=None,

@@ -9,6 +9,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.ops import cost_rules
 
 
 class ConcatOperation(graph_lib.Operation):
@@ -51,6 +52,9 @@ class ConcatOperation(graph_lib.Operation):
         self._outputs[0],
         impl.slicewise(lambda *xs: tf.concat(xs, axis=axis),
                        *[lowering.tensors[x] for x in self._inputs]))
+
+
+cost_rules.register(ConcatOperation, cost_rules.SLICEWISE)
 
 
 def concat(xs, concat_dim_name, name=None):
@@ -106,6 +110,9 @@ class SliceOperation(graph_lib.Operation):
         self._outputs[0], impl.slicewise(fn, lowering.tensors[self._inputs[0]]))
 
 
+cost_rules.register(SliceOperation, cost_rules.SLICEWISE)
+
+
 def mtf_slice(x, begin, size, slice_dim_name, name=None):
   """Entries [begin, begin + size) of `x` along dimension `slice_dim_name`."""
   if begin == 0 and size == x.shape.get_dim_by_name(slice_dim_name).size:
@@ -147,6 +154,9 @@ class PadOperation(graph_lib.Operation):
 
     lowering.set_tensor_lowering(
         self._outputs[0], impl.slicewise(fn, lowering.tensors[self._inputs[0]]))
+
+
+cost_rules.register(PadOperation, cost_rules.SLICEWISE)
 
 
 def pad(x, paddings, dim_name, name=None):

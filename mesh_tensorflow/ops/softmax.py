@@ -18,6 +18,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
 from mesh_tensorflow.ops import binary
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import reduce as reduce_lib
 
@@ -92,6 +93,10 @@ class SoftmaxGradOperation(graph_lib.Operation):
     self._reduced_dim = _check_dim(y, reduced_dim, self.name)
     self._outputs = [graph_lib.Tensor(self, y.shape, dy.dtype)]
 
+  @property
+  def reduced_dim(self):
+    return self._reduced_dim
+
   def gradient(self, grad_ys):
     # dx = y * dy - y * s with s = sum(y * dy). For a cotangent g of dx:
     #   d/d(dy) = y * (g - sum(g * y)), the same softmax gradient;
@@ -116,6 +121,36 @@ class SoftmaxGradOperation(graph_lib.Operation):
     total = _sum_over(impl, product, axis, mesh_axes)
     dx = impl.slicewise(lambda p, s, y_: p - y_ * s, product, total, y_lowered)
     lowering.set_tensor_lowering(self._outputs[0], dx)
+
+
+class _SoftmaxCost(cost_rules.CostRule):
+  """Over a split dimension: `allreduces` allreduces of the slices summed
+  (or maxed) over it, as the lowerings above do."""
+
+  def __init__(self, allreduces):
+    self.allreduces = allreduces
+
+  def attributes(self, info):
+    return (info.op.reduced_dim.name, self.allreduces)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    reduced = info.op.reduced_dim.name
+    m = layout.mesh_dim(reduced)
+    collectives = []
+    if m is not None:
+      nbytes = cost_rules.slice_bytes_without(layout, info.in_dims[0], reduced,
+                                              info.in_itemsize[0])
+      collectives = [cost_rules.collective(layout, "allreduce", (m,), nbytes)
+                    ] * self.allreduces
+    return cost_rules.RuleResult(cost_rules.no_pending(info), collectives,
+                                 elementwise_bytes=cost_rules.io_bytes(
+                                     info, layout))
+
+
+# The max and the sum forward; the sum of y * dy back.
+cost_rules.register(SoftmaxOperation, _SoftmaxCost(allreduces=2))
+cost_rules.register(SoftmaxGradOperation, _SoftmaxCost(allreduces=1))
 
 
 def log_softmax(x, reduced_dim, extra_logit=None, name=None):
