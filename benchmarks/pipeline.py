@@ -208,7 +208,7 @@ def static_figures(mtf, tf, name, args, tokens):
         bubble_counted=bench_util.rounded(
             1 - counters.get("pipeline/busy_slots", 0) / slots, 4),
         bubble_expected=bench_util.rounded(
-            mtf.parallel.pipelining.bubble_fraction(stages, micro), 4),
+            mtf.strategies.pipelining.bubble_fraction(stages, micro), 4),
         stack_weight_goal=bench_util.rounded(1.05 / stages, 4))
   return figures
 

@@ -65,11 +65,11 @@ from mesh_tensorflow.version import __version__
 # The strategies beyond the original (pipelining, layer stacking,
 # data-parallel sharding, gradient batching, autostack), plugged into the
 # core through mesh_tensorflow.extensions; importing them registers them.
-from mesh_tensorflow import parallel  # pylint: disable=g-bad-import-order
-from mesh_tensorflow.parallel import DataParallelSharding  # pylint: disable=g-bad-import-order
-from mesh_tensorflow.parallel import pipeline  # pylint: disable=g-bad-import-order
-from mesh_tensorflow.parallel import shard_data_parallel  # pylint: disable=g-bad-import-order
-from mesh_tensorflow.parallel import stack_layer_variables  # pylint: disable=g-bad-import-order
+from mesh_tensorflow import strategies  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.strategies import DataParallelSharding  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.strategies import pipeline  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.strategies import shard_data_parallel  # pylint: disable=g-bad-import-order
+from mesh_tensorflow.strategies import stack_layer_variables  # pylint: disable=g-bad-import-order
 
 # Library modules built on the language; imported last because they use
 # `mesh_tensorflow` itself.

@@ -2,7 +2,7 @@
 
 The language and its lowering (graph, ops, gradients, lowering, optimize,
 the mesh implementations) name no parallelism strategy. A strategy (see
-`mesh_tensorflow.parallel`) plugs in through these points only:
+`mesh_tensorflow.strategies`) plugs in through these points only:
 
 1. Operation annotations. `op.annotate(annotation)` attaches an
    `Annotation` (one per annotation class) to an operation;

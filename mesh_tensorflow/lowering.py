@@ -28,7 +28,7 @@ class Lowering:
     mesh_to_impl: dict from each mtf.Mesh the graph uses to a MeshImpl.
     autostack: store same-shaped variables that are always assigned
       together as one stacked TF variable per processor, where the mesh
-      implementation supports it (see `mtf.parallel.autostack` and
+      implementation supports it (see `mtf.strategies.autostack` and
       `autostack()`): fewer TF variables and ops, same results and
       checkpoints. A graph on which
       `rewrite_stack_variables` was called is stacked with the limits given

@@ -726,7 +726,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
 
   def idle_processors(self, pnums):
     """Context in which `slicewise` may skip processors `pnums`, giving them
-    zeros (e.g. they hold idle pipeline slots, see mtf.parallel.idle_slots).
+    zeros (e.g. they hold idle pipeline slots, see mtf.strategies.idle_slots).
     Only an implementation whose processors run their own operations can
     (PlacementMeshImpl); by default every processor computes."""
     del pnums

@@ -75,7 +75,7 @@ _SEED_NAMES = {}
 def seed_of_name(full_name):
   """The seed of full (scoped) name `full_name`, remembered so that a
   layer-stacked variable can re-seed an initializer per member (see
-  mtf.parallel.layer_stacking)."""
+  mtf.strategies.layer_stacking)."""
   seed = zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
   _SEED_NAMES[seed] = full_name
   return seed

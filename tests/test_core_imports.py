@@ -1,9 +1,9 @@
-"""The core names no strategy: it imports nothing from mesh_tensorflow.parallel.
+"""The core names no strategy: it imports nothing from mesh_tensorflow.strategies.
 
 Strategies plug into the core through mesh_tensorflow.extensions. This
 follows every import of the core's modules, transitively, through the
 package's own modules (read from source, so nothing is imported), and
-fails if one reaches mesh_tensorflow.parallel.
+fails if one reaches mesh_tensorflow.strategies.
 """
 
 import ast
@@ -59,13 +59,13 @@ def _core_modules():
   return ["mesh_tensorflow." + m for m in CORE] + _ops_modules()
 
 
-def _path_to_parallel(start):
-  """An import chain from `start` to a parallel module, or None."""
+def _path_to_strategy(start):
+  """An import chain from `start` to a strategy module, or None."""
   parent = {start: None}
   todo = [start]
   while todo:
     module = todo.pop()
-    if module.startswith("mesh_tensorflow.parallel"):
+    if module.startswith("mesh_tensorflow.strategies"):
       chain = []
       while module is not None:
         chain.append(module)
@@ -81,14 +81,14 @@ def _path_to_parallel(start):
 @pytest.mark.parametrize("module", _core_modules())
 def test_core_module_imports_no_strategy(module):
   assert _module_file(module), f"{module} does not exist"
-  chain = _path_to_parallel(module)
+  chain = _path_to_strategy(module)
   assert chain is None, " imports ".join(chain)
 
 
 def test_the_check_sees_an_import_of_a_strategy():
   # The strategies do import the core; the walk must find such chains.
-  assert _path_to_parallel("mesh_tensorflow.parallel.pipelining")
+  assert _path_to_strategy("mesh_tensorflow.strategies.pipelining")
   assert "mesh_tensorflow.extensions" in _imports(
-      "mesh_tensorflow.parallel.idle_slots")
-  assert "mesh_tensorflow.parallel.gradient_batching" in _imports(
-      "mesh_tensorflow.parallel.pipelining")
+      "mesh_tensorflow.strategies.idle_slots")
+  assert "mesh_tensorflow.strategies.gradient_batching" in _imports(
+      "mesh_tensorflow.strategies.pipelining")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.parallel import data_parallel_sharding as dps
+from mesh_tensorflow.strategies import data_parallel_sharding as dps
 from tests import mtf_testing
 
 D_MODEL = mtf.Dimension("d_model", 16)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.parallel import gradient_batching
+from mesh_tensorflow.strategies import gradient_batching
 from tests import mtf_testing
 
 T, BATCH, D, E = 3, 8, 4, 6

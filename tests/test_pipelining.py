@@ -353,7 +353,7 @@ def test_iterations_and_bubble_are_counted(num_stages, num_microbatches):
                         ("all:1", ""))
   counters, graph, _ = _lowered(mesh_shape, layout, num_stages,
                                 num_microbatches)
-  (info,) = mtf.parallel.pipelining.pipeline_infos(graph)
+  (info,) = mtf.strategies.pipelining.pipeline_infos(graph)
   iterations = num_microbatches + num_stages - 1
   assert info.num_iterations == iterations
   assert info.num_stages == num_stages

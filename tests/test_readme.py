@@ -420,7 +420,7 @@ def train(make_mesh, steps=5):
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     updates = mtf.optimize.AdafactorOptimizer(learning_rate=0.01).apply_grads(
         grads, variables)
-    sharding = mtf.parallel.data_parallel_sharding.sharding_of(mesh)
+    sharding = mtf.strategies.data_parallel_sharding.sharding_of(mesh)
     record["decisions"] = dict(sharding.decisions) if sharding else {}
     record["shapes"] = {v.name: v.shape.to_string for v in variables}
     lowering = mtf.Lowering(graph, {mesh: impl})

@@ -48,7 +48,7 @@ import logging
 
 import numpy as np
 
-from mesh_tensorflow.parallel import data_parallel_sharding
+from mesh_tensorflow.strategies import data_parallel_sharding
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.auto_mtf import print_cp_model_solution

@@ -407,7 +407,7 @@ def test_a_pipeline_iteration_marker_costs_nothing():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   _pipe_loss(mesh)
-  marker_class = mtf.parallel.pipelining.PipelineIterationOperation
+  marker_class = mtf.strategies.pipelining.PipelineIterationOperation
   markers = [op for op in graph.operations if isinstance(op, marker_class)]
   assert len(markers) == 4 + 4 - 1
   for op in markers:

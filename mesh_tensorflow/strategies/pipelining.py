@@ -50,9 +50,9 @@ import dataclasses
 import numbers
 
 from mesh_tensorflow import errors
-from mesh_tensorflow.parallel import gradient_batching
+from mesh_tensorflow.strategies import gradient_batching
 from mesh_tensorflow import graph as graph_lib
-from mesh_tensorflow.parallel import idle_slots
+from mesh_tensorflow.strategies import idle_slots
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
