@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import global_step
 from tests import mtf_testing
+from tests import training_loop
 
 SHARDINGS = ("none", "update", "parameters")
 BATCH = mtf.Dimension("batch", 16)
@@ -88,7 +88,8 @@ def shard(mesh, mesh_shape, layout, sharding):
 
 def train_variables(make_loss, make_optimizers, mesh_shape, layout, mode,
                     sharding, steps):
-  """Trains and returns (values, counters, slice_shapes).
+  """Trains (`training_loop.run_steps`) and returns (values, counters,
+  slice_shapes).
 
   Args:
     make_loss: fn(mesh) -> scalar mtf loss (building the model).
@@ -133,43 +134,9 @@ def train_variables(make_loss, make_optimizers, mesh_shape, layout, mode,
       optimizers.extend(make_optimizers())
     return optimizers
 
-  if mode == "graph":
-    with tf.Graph().as_default():
-      step_var = tf.compat.v1.train.get_or_create_global_step()
-      lowering, train_ops, values = build()
-      with tf.control_dependencies(train_ops):
-        train_ops.append(tf.compat.v1.assign_add(step_var, 1))
-      with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run(lowering.copy_masters_to_slices())
-        for _ in range(steps):
-          sess.run(train_ops)
-        result = sess.run(values)
-    return result, info["counters"], info["slice_shapes"]
-
-  step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-  def run_step():
-    values = build()[2]
-    step_var.assign_add(1)
-    return values
-
-  if mode == "simd":
-    def program():
-      return build()[2]
-
-    def run_simd():
-      values = impl.run_each(program)[0]
-      step_var.assign_add(1)
-      return values
-    fn = tf.function(run_simd)
-  else:
-    fn = tf.function(run_step) if mode == "function" else run_step
-  with global_step.global_step_scope(step_var):
-    for _ in range(steps):
-      values = fn()
-  return ({k: np.asarray(v) for k, v in values.items()}, info["counters"],
-          info["slice_shapes"])
+  history = training_loop.run_steps(build, impl, mode, steps,
+                                    fetch_after_step=True)
+  return history[-1], info["counters"], info["slice_shapes"]
 
 
 def training_step(mesh, make_loss, optimizers):
@@ -237,6 +204,6 @@ def lower_only(make_loss, make_optimizers, mesh_shape, layout, sharding,
     lowering = mtf.Lowering(graph, {mesh: impl})
     slice_bytes = {v.name: impl.slice_size(v.shape) * v.master_dtype.size
                    for v in graph.all_variables}
-    sharding_of = mtf.parallel.data_parallel_sharding.sharding_of
+    sharding_of = mtf.strategies.data_parallel_sharding.sharding_of
     decisions = dict(sharding_of(mesh).decisions if sharding_of(mesh) else {})
     return dict(lowering.counters), slice_bytes, decisions

@@ -10,6 +10,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import placement_variables
 from tests import mtf_testing
+from tests import training_loop
 
 NUM_LAYERS = 4
 RNG = np.random.RandomState(3)
@@ -46,25 +47,11 @@ def _train(mesh_shape, layout, mode, autostack, steps=3,
     loss, updates = _model(mesh, optimizer)
     lowering = mtf.Lowering(graph, {mesh: impl}, autostack=autostack)
     lowerings.append(lowering)
-    return lowering, {"loss": lowering.export_to_tf_tensor(loss)}, [
-        lowering.lowered_operation(u) for u in updates]
+    return lowering, [lowering.lowered_operation(u) for u in updates], (
+        lowering.export_to_tf_tensor(loss))
 
-  losses = []
-  if mode == "graph":
-    with tf.Graph().as_default():
-      lowering, fetches, train = step()
-      with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run(lowering.copy_masters_to_slices())
-        for _ in range(steps):
-          losses.append(sess.run([fetches, train])[0]["loss"])
-    return np.array(losses), impl, lowerings[-1]
-  fn = lambda: step()[1]
-  if mode == "function":
-    fn = tf.function(fn)
-  for _ in range(steps):
-    losses.append(float(fn()["loss"]))
-  return np.array(losses), impl, lowerings[-1]
+  losses = training_loop.run_steps(step, impl, mode, steps)
+  return np.array([float(loss) for loss in losses]), impl, lowerings[-1]
 
 
 def test_variables_updated_together_are_stacked():
@@ -117,7 +104,7 @@ def test_stacked_checkpoint_restores_unstacked_under_another_layout(
   assert any(isinstance(v.storage, placement_variables.StackMember)
              for v in lowering.variables.values())
   tf.train.Checkpoint(model=impl).write(path)
-  saved = mtf.checkpointing.load_variables(path, prefix="model")
+  saved = mtf.storage.checkpointing.load_variables(path, prefix="model")
   assert "layer2/kernel" in saved and saved[
       "layer2/kernel"].shape == (16, 16)
 

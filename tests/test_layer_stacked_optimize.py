@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import global_step
 from tests import layer_stacked_models as models
+from tests import training_loop
 
 STEPS = 3
 optimize = mtf.optimize
@@ -31,17 +31,17 @@ OPTIMIZERS = {
 
 def _train(make_optimizer, mesh_shape, layout, stacked, directory,
            sharding=None, graphs=None, simd=False):
-  """STEPS training steps in a tf.function; returns the checkpoint's
-  values by name (variables and slots). `sharding`: None, "update"
-  (weight-update sharding) or "parameters" (sharded parameters too);
-  `graphs`, a list, gets the mtf Graph; `simd` runs on a SimdMeshImpl."""
+  """STEPS training steps in a tf.function (`training_loop.run_steps`);
+  returns the checkpoint's values by name (variables and slots).
+  `sharding`: None, "update" (weight-update sharding) or "parameters"
+  (sharded parameters too); `graphs`, a list, gets the mtf Graph; `simd`
+  runs on a SimdMeshImpl."""
   if simd:
     impl = mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, layout)
   else:
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
-  step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-  def program():
+  def build():
     graph = mtf.Graph()
     if graphs is not None:
       graphs.append(graph)
@@ -54,23 +54,15 @@ def _train(make_optimizer, mesh_shape, layout, stacked, directory,
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     updates = make_optimizer().apply_grads(grads, variables)
     lowering = mtf.Lowering(graph, {mesh: impl})
-    with tf.control_dependencies(
-        [lowering.lowered_operation(u) for u in updates]):
-      return tf.identity(lowering.export_to_tf_tensor(loss))
+    train_ops = [lowering.lowered_operation(u) for u in updates]
+    with tf.control_dependencies(train_ops):
+      return lowering, train_ops, tf.identity(
+          lowering.export_to_tf_tensor(loss))
 
-  @tf.function
-  def step():
-    loss = impl.run(program) if simd else program()
-    with tf.control_dependencies([loss]):
-      step_variable.assign_add(1)
-    return loss
-
-  with global_step.global_step_scope(step_variable):
-    for _ in range(STEPS):
-      step()
+  training_loop.run_steps(build, impl, "simd" if simd else "function", STEPS)
   path = tf.train.Checkpoint(model=impl).write(
       os.path.join(directory, f"{stacked}_{mesh_shape}_{simd}"))
-  return mtf.checkpointing.load_variables(path, prefix="model")
+  return mtf.storage.checkpointing.load_variables(path, prefix="model")
 
 
 def _assert_trained_alike(got, want):

@@ -20,6 +20,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import global_step
 from mesh_tensorflow import optimize
+from tests import training_loop
 
 IO, HIDDEN = 8, 16
 STEPS = 3
@@ -198,8 +199,9 @@ CASES = {
 
 
 def _train(make_optimizer, mesh_shape, layout, mode):
-  """Runs STEPS steps; returns (list of dicts of variable values after each
-  step, dict of the slice shapes of each variable)."""
+  """Runs STEPS steps (`training_loop.run_steps`); returns (list of dicts of
+  variable values after each step, dict of the slice shapes of each
+  variable)."""
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout)
   slice_shapes = {}
 
@@ -223,40 +225,14 @@ def _train(make_optimizer, mesh_shape, layout, mode):
                for v in graph.all_variables}
     lowering = mtf.Lowering(graph, {mesh: impl})
     train_op = [lowering.lowered_operation(update) for update in updates]
-    if mode == "graph":
-      # After the updates, which read the step.
-      with tf.control_dependencies(train_op):
-        train_op.append(tf.compat.v1.assign_add(
-            tf.compat.v1.train.get_or_create_global_step(), 1))
     slice_shapes.update({
         v.name: [tuple(s.shape) for s in lowering.variables[v].slice_variables]
         for v in graph.all_variables})
     values = {k: lowering.export_to_tf_tensor(v) for k, v in reads.items()}
     return lowering, train_op, values
 
-  if mode == "graph":
-    with tf.Graph().as_default():
-      lowering, train_op, values = step()
-      with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run(lowering.copy_masters_to_slices())
-        history = []
-        for _ in range(STEPS):
-          sess.run(train_op)
-          history.append(sess.run(values))
-    return history, slice_shapes
-  global_step_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-  def values_only():
-    values = step()[2]
-    global_step_variable.assign_add(1)
-    return values
-
-  if mode == "function":
-    values_only = tf.function(values_only)
-  with global_step.global_step_scope(global_step_variable):
-    history = [tf.nest.map_structure(np.asarray, values_only())
-               for _ in range(STEPS)]
+  history = training_loop.run_steps(step, impl, mode, STEPS,
+                                    fetch_after_step=True)
   return history, slice_shapes
 
 

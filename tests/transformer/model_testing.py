@@ -11,9 +11,9 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import global_step
 from mesh_tensorflow.transformer import transformer
 from tests import mtf_testing
+from tests import training_loop
 from tests.transformer import tiny_layers
 
 B, L, V, D = 8, 8, 30, 16
@@ -101,7 +101,8 @@ def bi_loss(model, mesh):
 
 
 def train_losses(make_loss, mesh_shape, layout, mode, steps, make_optimizer):
-  """Losses of `steps` training steps of make_loss(mesh) -> scalar loss."""
+  """Losses of `steps` training steps (`training_loop.run_steps`) of
+  make_loss(mesh) -> scalar loss."""
   impl = mtf_testing.make_impl(mode, mesh_shape, layout)
 
   def step():
@@ -115,36 +116,8 @@ def train_losses(make_loss, mesh_shape, layout, mode, steps, make_optimizer):
     train_ops = [lowering.lowered_operation(u) for u in updates]
     return lowering, train_ops, lowering.export_to_tf_tensor(loss)
 
-  if mode == "graph":
-    with tf.Graph().as_default():
-      step_var = tf.compat.v1.train.get_or_create_global_step()
-      lowering, train_ops, loss = step()
-      with tf.control_dependencies(train_ops):
-        train_ops.append(tf.compat.v1.assign_add(step_var, 1))
-      with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run(lowering.copy_masters_to_slices())
-        return [sess.run([train_ops, loss])[1] for _ in range(steps)]
-  step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-  def run_step():
-    loss = step()[2]
-    step_var.assign_add(1)
-    return loss
-
-  if mode == "simd":
-    def program():
-      return step()[2]
-
-    def run_simd():
-      loss = impl.run_each(program)[0]
-      step_var.assign_add(1)
-      return loss
-    fn = tf.function(run_simd)
-  else:
-    fn = tf.function(run_step) if mode == "function" else run_step
-  with global_step.global_step_scope(step_var):
-    return [float(fn()) for _ in range(steps)]
+  return [float(loss)
+          for loss in training_loop.run_steps(step, impl, mode, steps)]
 
 
 def stack_from_gin(config):
