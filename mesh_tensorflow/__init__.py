@@ -7,7 +7,7 @@ implementation, and run the resulting TensorFlow ops.
 """
 
 from mesh_tensorflow import autograph_rules
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import cluster
 from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
@@ -44,8 +44,8 @@ from mesh_tensorflow.processors import pnum_to_group
 from mesh_tensorflow.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.processors import processor_coordinates_to_pnum
 from mesh_tensorflow.processors import processor_groups
-from mesh_tensorflow.session_hooks import MtfCheckpointSaverListener
-from mesh_tensorflow.session_hooks import MtfRestoreHook
+from mesh_tensorflow.storage.session_hooks import MtfCheckpointSaverListener
+from mesh_tensorflow.storage.session_hooks import MtfRestoreHook
 from mesh_tensorflow.shape import anonymous_shape
 from mesh_tensorflow.shape import convert_to_dimension
 from mesh_tensorflow.shape import convert_to_layout_rules

@@ -11,7 +11,7 @@ import weakref
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 
 # Scope names already taken in each mtf.Graph, for layers called without a
 # name. TensorFlow's own default-name counter lives in a process-wide store

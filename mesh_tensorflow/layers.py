@@ -19,7 +19,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable as configurable_lib
 from mesh_tensorflow import layer_helpers
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 
 # Attention and convolution/normalisation layers live in their own modules;
 # they are part of `mtf.layers` as in the original.

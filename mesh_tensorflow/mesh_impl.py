@@ -24,8 +24,8 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import processors
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import slice_utils
-from mesh_tensorflow import stateless_random
-from mesh_tensorflow import variable_store as variable_store_lib
+from mesh_tensorflow.randomness import stateless_random
+from mesh_tensorflow.storage import variable_store as variable_store_lib
 
 
 COLLECTIVE_KINDS = ("allreduce", "reduce_scatter", "allconcat", "alltoall",

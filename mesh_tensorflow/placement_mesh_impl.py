@@ -28,7 +28,7 @@ from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import placement_collectives
 from mesh_tensorflow import placement_variables
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import stateless_uniform
+from mesh_tensorflow.randomness import stateless_uniform
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
 LaidOutVariable = placement_variables.LaidOutVariable

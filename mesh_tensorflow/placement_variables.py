@@ -21,10 +21,10 @@ import weakref
 
 import tensorflow as tf
 
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
-from mesh_tensorflow import variable_store as variable_store_lib
+from mesh_tensorflow.storage import variable_store as variable_store_lib
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
 

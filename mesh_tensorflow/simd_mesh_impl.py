@@ -37,7 +37,7 @@ from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tens
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import configurable as configurable_lib
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import placement_mesh_impl
@@ -48,7 +48,7 @@ from mesh_tensorflow import slice_utils
 from mesh_tensorflow import tpu_collectives
 from mesh_tensorflow import tpu_topology
 from mesh_tensorflow import tpu_variables
-from mesh_tensorflow import variable_store as variable_store_lib
+from mesh_tensorflow.storage import variable_store as variable_store_lib
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
 RANDOM_STEP = "mtf_random_step"

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 
 LAYERS = 4
 STAGE = mtf.Dimension("stage", LAYERS)

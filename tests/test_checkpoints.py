@@ -116,7 +116,7 @@ def test_tf2_checkpoint_keys_are_mtf_names_with_full_shapes(tmp_path):
                                 saved["layer/w"])
   # Saved in the master dtype, not the bfloat16 slice dtype.
   assert reader.get_tensor(key.format("e")).dtype == np.float32
-  loaded = mtf.checkpointing.load_variables(path, prefix="model")
+  loaded = mtf.storage.checkpointing.load_variables(path, prefix="model")
   assert sorted(loaded) == ["e", "layer/b", "layer/w", "mtf_random_step"]
   np.testing.assert_array_equal(loaded["layer/b"], saved["layer/b"])
 
@@ -188,7 +188,7 @@ def test_compat_saver_restores_under_another_layout(tmp_path, source,
   restored = _compat_restore(*target, path)
   for name in saved:
     np.testing.assert_array_equal(restored[name], saved[name], err_msg=name)
-  loaded = mtf.checkpointing.load_variables(path)
+  loaded = mtf.storage.checkpointing.load_variables(path)
   np.testing.assert_array_equal(loaded["layer/w"], saved["layer/w"])
 
 

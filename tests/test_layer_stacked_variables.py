@@ -58,7 +58,7 @@ def _save(mode, mesh_shape, layout, stacked, directory):
     path = tf.train.Checkpoint(model=impl).write(path)
     prefix = "model"
   return (models.rows_by_member(values, graphs[-1]),
-          mtf.checkpointing.load_variables(path, prefix=prefix), path)
+          mtf.storage.checkpointing.load_variables(path, prefix=prefix), path)
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_compat_saver_round_trip_between_per_layer_and_stacked(tmp_path):
   values, _, path = _save("graph", *STAGE_2_2D, True, tmp_path)
   per_layer = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "h:all")
   _read_eager(per_layer, False)
-  restore = mtf.checkpointing.restore_into(per_layer, path)
+  restore = mtf.storage.checkpointing.restore_into(per_layer, path)
   assert sorted(restore.restored) == models.MEMBERS
   _assert_same(_read_eager(per_layer, False), values)
 
@@ -199,12 +199,12 @@ def test_name_based_save_and_restore_into_stacked_variables(tmp_path,
   ref_values, _, ref_path = reference
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(*STAGE_4)
   _read_eager(impl, True)
-  specs = mtf.checkpointing.save_specs(impl)
+  specs = mtf.storage.checkpointing.save_specs(impl)
   assert sorted(specs) == models.MEMBERS
   # Row 1 of a variable split 4 ways over "stage" is held whole by
   # processor 1 alone: one block, unsliced.
   assert list(specs["block_001/dense/kernel"]) == [""]
-  restore = mtf.checkpointing.restore_into(impl, ref_path)
+  restore = mtf.storage.checkpointing.restore_into(impl, ref_path)
   assert sorted(restore.restored) == models.MEMBERS
   assert not restore.missing
   _assert_same(_read_eager(impl, True), ref_values)
@@ -265,10 +265,10 @@ def test_estimator_checkpoints_are_per_layer_both_ways(tmp_path, reference):
   model_dir = os.path.join(tmp_path, "model")
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(*STAGE_2_2D)
   _read_eager(impl, True)
-  mtf.checkpointing.restore_into(impl, ref_path)
+  mtf.storage.checkpointing.restore_into(impl, ref_path)
   step = tf.Variable(7, dtype=tf.int64)
   path = checkpoints.Checkpointer(model_dir, impl, step).save(7)
-  saved = mtf.checkpointing.load_variables(path)
+  saved = mtf.storage.checkpointing.load_variables(path)
   assert sorted(saved) == sorted(models.MEMBERS + ["global_step"])
   _assert_same({k: v for k, v in saved.items() if k != "global_step"},
                ref_values)

@@ -28,7 +28,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import simd_mesh_impl
-from mesh_tensorflow import stateless_random
+from mesh_tensorflow.randomness import stateless_random
 from tests import simulated_tpu
 
 MESHES = ["all:8", "rows:2;cols:4"]

@@ -178,7 +178,7 @@ def test_checkpoint_fragment_restores_on_one_device(tmp_path):
   checks = """
 trained = float(mlp_step(impl)(inputs, targets))
 restored = float(mlp_step(serving)(inputs, targets))
-values = mtf.checkpointing.load_variables(path, prefix="model")
+values = mtf.storage.checkpointing.load_variables(path, prefix="model")
 print(json.dumps({"losses": losses, "trained": trained,
                   "restored": restored,
                   "shapes": {k: list(np.shape(v)) for k, v in values.items()}}))
@@ -206,7 +206,7 @@ impl = mtf.placement_mesh_impl.PlacementMeshImpl("stage:4;b:2", "stage:stage")
 lowering = mtf.Lowering(graph, {{mesh: impl}})
 value = lowering.export_to_tf_tensor(kernel).numpy()
 path = tf.train.Checkpoint(model=impl).save({str(tmp_path / "ckpt")!r})
-saved = mtf.checkpointing.load_variables(path, prefix="model")
+saved = mtf.storage.checkpointing.load_variables(path, prefix="model")
 
 # The per-layer variable of layer 2, on one processor.
 graph_2 = mtf.Graph()

@@ -94,7 +94,7 @@ def test_simd_checkpoint_restores_on_placement(tmp_path):
   w = mtf.get_variable(mesh, "w", [IO, HIDDEN])
   value = mtf.Lowering(graph, {mesh: placement}).export_to_tf_tensor(w)
   # w after three updates: the fourth step would start from it.
-  expected = mtf.checkpointing.load_variables(path, prefix="model")["w"]
+  expected = mtf.storage.checkpointing.load_variables(path, prefix="model")["w"]
   np.testing.assert_array_equal(value.numpy(), expected)
   assert not np.allclose(trained[0]["grad"], trained[2]["grad"])
 

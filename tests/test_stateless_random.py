@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mesh_tensorflow import stateless_random
+from mesh_tensorflow.randomness import stateless_random
 
 FULL = [8, 12, 6]
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mesh_tensorflow import stateless_random
-from mesh_tensorflow import stateless_uniform
+from mesh_tensorflow.randomness import stateless_random
+from mesh_tensorflow.randomness import stateless_uniform
 
 FULL = [6, 10, 7]  # 420 elements: runs start at every offset modulo 4.
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 
 
 def test_tf_own_initializers_are_deterministic():

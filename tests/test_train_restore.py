@@ -74,7 +74,7 @@ def test_resume_under_another_layout_continues_the_same_run(
   first_half = _run(first_step, 0, SAVE_AT)
   path = tf.train.Checkpoint(model=impl, global_step=step).save(
       os.path.join(tmp_path, "ckpt"))
-  saved = mtf.checkpointing.load_variables(path, prefix="model")
+  saved = mtf.storage.checkpointing.load_variables(path, prefix="model")
   assert "global_step" not in saved  # The step is saved once, outside.
   assert int(tf.train.load_checkpoint(path).get_tensor(
       "global_step/.ATTRIBUTES/VARIABLE_VALUE")) == SAVE_AT

@@ -401,7 +401,7 @@ class StudentTeacher:
           raise ValueError(
               f"StudentTeacher.initialize: no variables under {scope!r} in "
               "the mesh implementation yet; build the model first.")
-        mtf.checkpointing.restore_into(node, self.teacher_checkpoint)
+        mtf.storage.checkpointing.restore_into(node, self.teacher_checkpoint)
 
 
 @gin.configurable(module=_MODULE)

@@ -18,7 +18,7 @@ combine_dims.
 
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 import tensorflow as tf
 
 
@@ -356,7 +356,7 @@ def _seeded_normal_initializer(name, stddev):
   """The original's tf.random_normal_initializer(stddev), seeded by the
   variable's scoped name (like the default initializer of
   `mtf.get_variable`), so that every layout and every trace starts from the
-  same values (see mtf.tf_initializers)."""
+  same values (see mtf.randomness.tf_initializers)."""
   return tf_initializers.seeded("random_normal_initializer",
                                 tf_initializers.name_seed(name), stream=2,
                                 stddev=stddev)

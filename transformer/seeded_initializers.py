@@ -5,10 +5,10 @@ and the like, as some of the original's layers do) would start from other
 values on every run, so two layouts of one model would not train alike.
 These call TF's initializers on the full shape with a seed taken from the
 variable's full name (through TF's stateless random ops, see
-mtf.tf_initializers), the way `mtf.get_variable`'s default initializer does.
+mtf.randomness.tf_initializers), the way `mtf.get_variable`'s default initializer does.
 """
 
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 
 
 def name_seed(name):

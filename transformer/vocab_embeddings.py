@@ -15,7 +15,7 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.vocab_embeddings"
@@ -23,7 +23,7 @@ _GIN_MODULE = "mesh_tensorflow.transformer.vocab_embeddings"
 
 def _normal_initializer(name, stddev=1.0):
   """The original's tf.random_normal_initializer(stddev), seeded by the
-  scoped name variable `name` will get (see mtf.tf_initializers)."""
+  scoped name variable `name` will get (see mtf.randomness.tf_initializers)."""
   return tf_initializers.seeded("random_normal_initializer",
                                 tf_initializers.name_seed(name), stream=3,
                                 stddev=stddev)

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import layer_helpers
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.transformer import moe
 # T5's relative position buckets, which BERT's relative configs use too.
 from mesh_tensorflow.transformer.self_attention_layers import _relative_position_bucket  # pylint: disable=protected-access

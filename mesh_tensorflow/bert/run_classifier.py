@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.bert import bert as bert_lib
 from mesh_tensorflow.bert import optimization as optimization_lib
 from mesh_tensorflow.bert import run_common

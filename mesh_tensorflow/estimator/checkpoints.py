@@ -49,7 +49,7 @@ from tensorflow.python.distribute import device_util  # pylint: disable=g-direct
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.training.saving import saveable_object_util  # pylint: disable=g-direct-tensorflow-import
 
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import simd_mesh_impl
 
 CHECKPOINT_NAME = "model.ckpt"

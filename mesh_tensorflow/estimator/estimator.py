@@ -43,7 +43,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import global_step as global_step_lib
 from mesh_tensorflow.estimator import checkpoints
 from mesh_tensorflow.estimator import estimator_spec

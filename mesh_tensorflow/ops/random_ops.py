@@ -1,7 +1,7 @@
 """Random tensors and dropout, the same under every layout.
 
 Random values come from a counter-based generator (see
-`mesh_tensorflow.stateless_random`): each element is a pure function of the
+`mesh_tensorflow.randomness.stateless_random`): each element is a pure function of the
 op's seed and the element's position in the full tensor. The same seed
 therefore gives the same full tensor under every mesh and layout, replicated
 slices agree, different blocks differ, and nothing is communicated.
@@ -24,7 +24,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import stateless_random
+from mesh_tensorflow.randomness import stateless_random
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import cost_rules

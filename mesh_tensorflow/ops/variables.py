@@ -11,7 +11,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import variable_store
+from mesh_tensorflow.storage import variable_store
 from mesh_tensorflow.ops import reshapes
 
 

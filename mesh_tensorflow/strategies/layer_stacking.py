@@ -49,8 +49,8 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import tf_initializers
-from mesh_tensorflow import variable_store
+from mesh_tensorflow.randomness import tf_initializers
+from mesh_tensorflow.storage import variable_store
 from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import variables as variables_lib
 

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow.bert import bert
 from tests import mtf_testing
 from tests.bert import generated_data

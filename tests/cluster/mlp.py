@@ -92,4 +92,4 @@ def variables(model_dir, step=None):
   path = tf.train.latest_checkpoint(str(model_dir))
   if step is not None:
     path = f"{str(model_dir)}/model.ckpt-{step}"
-  return mtf.checkpointing.load_variables(path, prefix="model")
+  return mtf.storage.checkpointing.load_variables(path, prefix="model")

@@ -64,8 +64,8 @@ def test_tiny_transformer_on_two_tasks_matches_one_process(tmp_path):
     rc, _, err = cluster.wait(_start(cluster, tmp_path / "cluster", 0))
   assert rc == 0, err[-3000:]
   assert f"Connected to cluster {{'worker': {cluster.hosts!r}}}" in err
-  local = mtf.checkpointing.load_variables(str(tmp_path / "local"), "model")
-  on_cluster = mtf.checkpointing.load_variables(str(tmp_path / "cluster"),
+  local = mtf.storage.checkpointing.load_variables(str(tmp_path / "local"), "model")
+  on_cluster = mtf.storage.checkpointing.load_variables(str(tmp_path / "cluster"),
                                                 "model")
   assert sorted(on_cluster) == sorted(local)
   for name in local:

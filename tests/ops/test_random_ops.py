@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import stateless_random
+from mesh_tensorflow.randomness import stateless_random
 from tests import mtf_testing
 
 A, B = 8, 24  # Slices of 24 elements: not a multiple of a SIMD packet.

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import variable_store
+from mesh_tensorflow.storage import variable_store
 from tests import mtf_testing
 
 DIMS = ["a", "b"]

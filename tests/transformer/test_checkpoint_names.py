@@ -90,7 +90,7 @@ def test_tensorflow_alone_reads_every_variable_by_name(trained, tmp_path):
     read = json.load(f)
   assert {n: (s, d) for n, (s, d) in read.items()} == _listing(str(trained))
   values = np.load(out)
-  ours = mtf.checkpointing.load_variables(str(trained))
+  ours = mtf.storage.checkpointing.load_variables(str(trained))
   assert set(ours) == set(read)
   for name, value in ours.items():
     np.testing.assert_array_equal(

@@ -62,8 +62,8 @@ def _slice_sizes(directory):
 
 
 def test_sharded_run_continues_an_unsharded_one_to_the_same_variables(runs):
-  got = mtf.checkpointing.load_variables(str(runs["sharded"]))
-  want = mtf.checkpointing.load_variables(str(runs["plain"]))
+  got = mtf.storage.checkpointing.load_variables(str(runs["sharded"]))
+  want = mtf.storage.checkpointing.load_variables(str(runs["plain"]))
   assert int(got["global_step"]) == int(want["global_step"]) == 6
   assert set(got) == set(want)
   for name, value in want.items():

@@ -24,10 +24,10 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g-direct-tensorflow-import
 
-from mesh_tensorflow import checkpointing
+from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import slice_utils
-from mesh_tensorflow import tf_initializers
+from mesh_tensorflow.randomness import tf_initializers
 
 
 def outer_context_is_eager():

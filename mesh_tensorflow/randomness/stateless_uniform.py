@@ -21,7 +21,7 @@ A processor gets its slice in one of three ways, all giving the same bits:
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow import philox
+from mesh_tensorflow.randomness import philox
 
 _PHILOX = 1  # The `alg` of TF's stateless kernels.
 # Slices of tensors up to this many elements come from the whole tensor.

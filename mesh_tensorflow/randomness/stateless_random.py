@@ -31,8 +31,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow import philox
-from mesh_tensorflow import stateless_uniform
+from mesh_tensorflow.randomness import philox
+from mesh_tensorflow.randomness import stateless_uniform
 
 DISTRIBUTIONS = ("uniform", "normal", "truncated_normal")
 
