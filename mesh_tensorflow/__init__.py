@@ -13,9 +13,9 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import mesh_impl
 from mesh_tensorflow import placement_mesh_impl
-from mesh_tensorflow import processors
+from mesh_tensorflow.backend import processors
 from mesh_tensorflow import simd_mesh_impl
-from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.backend import tpu_topology
 from mesh_tensorflow.errors import DTypeError
 from mesh_tensorflow.errors import IndivisibleError
 from mesh_tensorflow.errors import LayoutError
@@ -40,10 +40,10 @@ from mesh_tensorflow.ops import mtf_abs as abs  # pylint: disable=redefined-buil
 from mesh_tensorflow.ops import mtf_pow as pow  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_range as range  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_slice as slice  # pylint: disable=redefined-builtin
-from mesh_tensorflow.processors import pnum_to_group
-from mesh_tensorflow.processors import pnum_to_processor_coordinates
-from mesh_tensorflow.processors import processor_coordinates_to_pnum
-from mesh_tensorflow.processors import processor_groups
+from mesh_tensorflow.backend.processors import pnum_to_group
+from mesh_tensorflow.backend.processors import pnum_to_processor_coordinates
+from mesh_tensorflow.backend.processors import processor_coordinates_to_pnum
+from mesh_tensorflow.backend.processors import processor_groups
 from mesh_tensorflow.storage.session_hooks import MtfCheckpointSaverListener
 from mesh_tensorflow.storage.session_hooks import MtfRestoreHook
 from mesh_tensorflow.shape import anonymous_shape

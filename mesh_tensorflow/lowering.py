@@ -15,7 +15,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 
 _SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 

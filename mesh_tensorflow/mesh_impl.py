@@ -21,9 +21,9 @@ from absl import logging
 import tensorflow as tf
 
 from mesh_tensorflow import errors
-from mesh_tensorflow import processors
+from mesh_tensorflow.backend import processors
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.randomness import stateless_random
 from mesh_tensorflow.storage import variable_store as variable_store_lib
 

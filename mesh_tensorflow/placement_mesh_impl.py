@@ -25,8 +25,8 @@ from tensorflow.python.ops import nccl_ops  # pylint: disable=g-direct-tensorflo
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
-from mesh_tensorflow import placement_collectives
-from mesh_tensorflow import placement_variables
+from mesh_tensorflow.backend import placement_collectives
+from mesh_tensorflow.backend import placement_variables
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.randomness import stateless_uniform
 

@@ -41,12 +41,12 @@ from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import placement_mesh_impl
-from mesh_tensorflow import placement_variables
+from mesh_tensorflow.backend import placement_variables
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import simd_collectives
-from mesh_tensorflow import slice_utils
-from mesh_tensorflow import tpu_collectives
-from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.backend import simd_collectives
+from mesh_tensorflow.backend import slice_utils
+from mesh_tensorflow.backend import tpu_collectives
+from mesh_tensorflow.backend import tpu_topology
 from mesh_tensorflow import tpu_variables
 from mesh_tensorflow.storage import variable_store as variable_store_lib
 

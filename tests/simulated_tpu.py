@@ -13,7 +13,7 @@ same instance key.
 
 import tensorflow as tf
 
-from mesh_tensorflow import simd_collectives
+from mesh_tensorflow.backend import simd_collectives
 from mesh_tensorflow import tpu_variables
 
 TPU_DTYPES = (tf.float32, tf.bfloat16, tf.int32)

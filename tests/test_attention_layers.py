@@ -1,4 +1,4 @@
-"""Tests of mesh_tensorflow.attention_layers against NumPy.
+"""Tests of mesh_tensorflow.layers.attention_layers against NumPy.
 
 Attention is checked on one processor and model-parallel (heads split over
 `all:8`, or batch and heads split on a 2-D mesh), in eager and tf.function
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import attention_layers
+from mesh_tensorflow.layers import attention_layers
 from tests import mtf_testing
 
 MODES = ("eager", "function")

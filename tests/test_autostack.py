@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import placement_variables
+from mesh_tensorflow.backend import placement_variables
 from tests import mtf_testing
 from tests import training_loop
 

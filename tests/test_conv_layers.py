@@ -1,4 +1,4 @@
-"""Tests of mesh_tensorflow.conv_layers against Keras and plain TensorFlow.
+"""Tests of mesh_tensorflow.layers.conv_layers against Keras and plain TensorFlow.
 
 Each layer runs on one processor and with the batch (or the spatial blocks)
 split over the mesh, eagerly and inside a tf.function. Filters get explicit
@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from tests import mtf_testing
-from mesh_tensorflow import conv_layers
+from mesh_tensorflow.layers import conv_layers
 
 MODES = ("eager", "function")
 BATCH = mtf.Dimension("batch", 8)

@@ -1,4 +1,4 @@
-"""Tests of mesh_tensorflow.conv_transpose_layers against float64 TensorFlow.
+"""Tests of mesh_tensorflow.layers.conv_transpose_layers against float64 TensorFlow.
 
 Each layer runs under several layouts (one processor, batch split, input or
 output channels split, spatial blocks split) in the three execution modes;

@@ -16,9 +16,8 @@ _PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
 
 # The language and its lowering.
 CORE = ["lowering", "gradients", "graph", "optimize", "extensions", "shape",
-        "mesh_impl", "placement_mesh_impl", "simd_mesh_impl",
-        "placement_variables", "placement_collectives", "simd_collectives",
-        "tpu_collectives", "tpu_variables"]
+        "mesh_impl", "placement_mesh_impl", "simd_mesh_impl", "tpu_variables",
+        "backend"]
 
 
 def _module_file(module):
@@ -55,8 +54,16 @@ def _ops_modules():
                 if f.endswith(".py"))
 
 
+def _package_modules(package):
+  return sorted(f"mesh_tensorflow.{package}." + f[:-3]
+                for f in os.listdir(os.path.join(_PACKAGE_DIR, package))
+                if f.endswith(".py") and f != "__init__.py")
+
+
 def _core_modules():
-  return ["mesh_tensorflow." + m for m in CORE] + _ops_modules()
+  return (["mesh_tensorflow." + m for m in CORE] + _ops_modules() +
+          _package_modules("backend") + _package_modules("storage") +
+          _package_modules("randomness"))
 
 
 def _path_to_strategy(start):

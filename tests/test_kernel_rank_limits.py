@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 AUDIT = ROOT / "tools" / "kernel_rank_audit.py"

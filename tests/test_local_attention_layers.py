@@ -1,4 +1,4 @@
-"""Tests of mesh_tensorflow.local_attention_layers against NumPy.
+"""Tests of mesh_tensorflow.layers.local_attention_layers against NumPy.
 
 Local attention exists to split a long dimension: every layer is checked
 with its blocks (or length) dimension split across the mesh, where halo

@@ -1,4 +1,4 @@
-"""Tests of mesh_tensorflow.residual_layers.
+"""Tests of mesh_tensorflow.layers.residual_layers.
 
 A stack of reversible blocks must give the values and gradients (of the
 input and of every variable) of the same stack computed plainly, under

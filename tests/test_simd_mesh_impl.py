@@ -124,7 +124,7 @@ def test_slice_gives_each_processor_its_block():
 
 def test_tpu_placement_helpers_under_the_original_module():
   assert simd_mesh_impl.auto_logical_to_physical_tpu([2, 4], [2, 2, 2]) == (
-      mtf.tpu_topology.auto_logical_to_physical_tpu([2, 4], [2, 2, 2]))
+      mtf.backend.tpu_topology.auto_logical_to_physical_tpu([2, 4], [2, 2, 2]))
   assert simd_mesh_impl.physical_shape_3d_from_topology_proto_4d(
       [2, 2, 1, 2]) == [2, 2, 2]
   tiling = simd_mesh_impl.HierarchicalTiling(

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import processors
+from mesh_tensorflow.backend import processors
 from mesh_tensorflow import simd_mesh_impl
-from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.backend import tpu_topology
 from tests import simulated_tpu
 from tests import simd_programs
 

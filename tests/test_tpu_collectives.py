@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mesh_tensorflow import tpu_collectives
+from mesh_tensorflow.backend import tpu_collectives
 
 IDENTITY = list(range(8))
 REVERSED = list(range(8))[::-1]

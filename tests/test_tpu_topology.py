@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.backend import tpu_topology
 
 
 def _neighbours(a, b):

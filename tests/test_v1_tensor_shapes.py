@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from tests import mtf_testing
 
 V1 = mtf_testing.V1_SHAPES_MODE

@@ -11,7 +11,7 @@ matmul + bias, only happen in graphs; inputs are arguments, not constants,
 so that grappler cannot fold the kernels away), in a subprocess per oneDNN
 setting.
 
-Where a lowering guards a kernel (mesh_tensorflow/slice_utils.py: softmax
+Where a lowering guards a kernel (mesh_tensorflow/backend/slice_utils.py: softmax
 over merged axes, broadcasting within 5 axis groups), the family runs the
 ops as the lowering emits them, and the bare kernel beside it for the
 record. The last family lowers small mtf programs (layer norm, attention,
@@ -762,7 +762,7 @@ def _child(args):
       cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
   # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
   import mesh_tensorflow
-  from mesh_tensorflow import slice_utils as su
+  from mesh_tensorflow.backend import slice_utils as su
   from tensorflow.python.util import _pywrap_util_port
   # pylint: enable=g-import-not-at-top,g-direct-tensorflow-import
   mtf, slice_utils = mesh_tensorflow, su

@@ -195,7 +195,7 @@ def tpu_estimator_model_fn(model_type,
   if hierarchical_tiling_spec is not None:
     raise ValueError("hierarchical_tiling_spec is not supported: the "
                      "estimator places TPU meshes with "
-                     "mtf.tpu_topology.auto_logical_to_physical_tpu.")
+                     "mtf.backend.tpu_topology.auto_logical_to_physical_tpu.")
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   layout_rules = mtf.convert_to_layout_rules(layout_rules)
   filter_fn = _variable_filter_fn(variable_filter)

@@ -38,7 +38,7 @@ from absl import logging
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.transformer import moe
 # T5's relative position buckets, which BERT's relative configs use too.

@@ -41,7 +41,7 @@ class RunConfig:
       mesh_tensorflow.cluster).
     cluster: a TPUClusterResolver: with mesh_impl "tpu" the estimator
       connects to it, builds the TPUStrategy and places the mesh on the
-      cores with mtf.tpu_topology.auto_logical_to_physical_tpu.
+      cores with mtf.backend.tpu_topology.auto_logical_to_physical_tpu.
     tpu_config: a TPUConfig.
     strategy: instead of `cluster`, a tf.distribute strategy with one
       replica per processor, used as it is (replica i is physical

@@ -2,7 +2,7 @@
 
 A mesh of N processors runs on a TPU slice of N cores, one replica per
 core. The strategy's device assignment puts replica p on physical processor
-p as `mtf.tpu_topology` numbers them (`topology_coordinates`), so the
+p as `mtf.backend.tpu_topology` numbers them (`topology_coordinates`), so the
 `logical_to_physical` map of `auto_logical_to_physical_tpu` means what it
 says whatever order TensorFlow would choose by default. The TPU system is
 initialized once per cluster and process: initializing it again would wipe
@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow import errors
-from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.backend import tpu_topology
 
 _LOCK = threading.Lock()
 _TOPOLOGIES = {}  # cluster master -> topology

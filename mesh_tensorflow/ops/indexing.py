@@ -16,7 +16,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import cost_rules

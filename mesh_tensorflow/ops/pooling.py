@@ -18,7 +18,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
 
 __all__ = [

@@ -14,7 +14,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import cost_rules

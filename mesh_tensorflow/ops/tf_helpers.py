@@ -9,7 +9,7 @@ implementations and user code written for the original use them.
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 
 __all__ = [
     "binary_reduction_fn",

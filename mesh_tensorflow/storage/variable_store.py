@@ -26,7 +26,7 @@ from tensorflow.python.ops import variables as tf_variables  # pylint: disable=g
 
 from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import errors
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.randomness import tf_initializers
 
 

@@ -24,7 +24,7 @@ a mesh dimension of its size (one stage per processor).
 import dataclasses
 
 from mesh_tensorflow import extensions
-from mesh_tensorflow import processors
+from mesh_tensorflow.backend import processors
 from mesh_tensorflow import shape as shape_lib
 
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from mesh_tensorflow import estimator
-from mesh_tensorflow import placement_variables
+from mesh_tensorflow.backend import placement_variables
 from tests.estimator import original_checkpoint as orig
 
 MESHES = {"one": ("all:1", "", "placement"),

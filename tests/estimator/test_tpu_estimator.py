@@ -16,7 +16,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator
 from mesh_tensorflow import simd_mesh_impl
-from mesh_tensorflow import tpu_topology
+from mesh_tensorflow.backend import tpu_topology
 from mesh_tensorflow.estimator import mesh_impls
 from mesh_tensorflow.estimator import tpu_cluster
 from tests import simulated_tpu

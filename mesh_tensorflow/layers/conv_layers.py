@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable as configurable_lib
-from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.layers import layer_helpers
 
 __all__ = [
     "avg_pool2d",

@@ -19,7 +19,7 @@ from `layer_helpers`, not from `layers`. Local (blocked) attention lives in
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.randomness import tf_initializers
 
 __all__ = [

@@ -28,7 +28,7 @@ import tensorflow as tf
 from tensorflow.compiler.tf2xla.ops import gen_xla_ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.tpu.ops import tpu_ops  # pylint: disable=g-direct-tensorflow-import
 
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 
 _REDUCTIONS = ("SUM", "MAX", "MIN")
 

@@ -19,7 +19,7 @@ import functools
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 
 # Below this many elements (or when the size does not divide by the group
 # size) allreduce_ring reduces the whole tensor along one chain.

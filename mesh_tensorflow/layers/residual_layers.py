@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import graph as graph_lib
-from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.gradients import gradients as mtf_gradients
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants

@@ -18,8 +18,8 @@ the layer's scope.
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import attention_layers
-from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.layers import attention_layers
+from mesh_tensorflow.layers import layer_helpers
 
 __all__ = [
     "attention_bias_local_2d_block",

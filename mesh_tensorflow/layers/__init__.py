@@ -1,8 +1,8 @@
 """Layers built from mtf operations: dense, layer norm, embeddings, losses.
 
-Also the layers of attention_layers, local_attention_layers, conv_layers,
-conv_transpose_layers and residual_layers, re-exported here as in the
-original, where all were in this one module.
+Also the layers of its modules attention_layers, local_attention_layers,
+conv_layers, conv_transpose_layers and residual_layers, re-exported here as
+in the original, where all were in this one module.
 
 Everything here is pure mtf code: it takes and returns mtf Tensors, creates
 its variables with `mtf.get_variable` inside `tf.compat.v1.variable_scope`,
@@ -18,17 +18,17 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable as configurable_lib
-from mesh_tensorflow import layer_helpers
+from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.randomness import tf_initializers
 
 # Attention and convolution/normalisation layers live in their own modules;
 # they are part of `mtf.layers` as in the original.
 # pylint: disable=wildcard-import
-from mesh_tensorflow.attention_layers import *
-from mesh_tensorflow.conv_layers import *
-from mesh_tensorflow.conv_transpose_layers import *
-from mesh_tensorflow.local_attention_layers import *
-from mesh_tensorflow.residual_layers import *
+from mesh_tensorflow.layers.attention_layers import *
+from mesh_tensorflow.layers.conv_layers import *
+from mesh_tensorflow.layers.conv_transpose_layers import *
+from mesh_tensorflow.layers.local_attention_layers import *
+from mesh_tensorflow.layers.residual_layers import *
 # pylint: enable=wildcard-import
 
 # The helpers every layer module shares (layer_helpers.py), under the names

@@ -28,7 +28,7 @@ Everything here is pure Python: no TensorFlow and no devices.
 import itertools
 import numbers
 
-from mesh_tensorflow import processors
+from mesh_tensorflow.backend import processors
 from mesh_tensorflow import shape as shape_lib
 
 

@@ -13,7 +13,7 @@ in_channels, out_channels]; transposed-convolution filters are
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import conv_layers
+from mesh_tensorflow.layers import conv_layers
 
 __all__ = [
     "conv2d_transpose",
