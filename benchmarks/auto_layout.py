@@ -237,23 +237,17 @@ def make_step(tf, mtf, model, mesh_spec, layout, counters=None):
   features = model.features(tf)
   step_var = tf.Variable(0, dtype=tf.int64, name="global_step")
 
-  @tf.function(autograph=False)
-  def step():
-    with mtf.global_step.global_step_scope(step_var):
-      graph = mtf.Graph()
-      mesh = mtf.Mesh(graph, "my_mesh")
-      loss, updates = model.build(mtf, graph, mesh, features)
-      lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-      ops = [lowering.lowered_operation(u) for u in updates]
-      if counters is not None:
-        counters.update(lowering=lowering)
-      with tf.control_dependencies([o for o in ops if o is not None]):
-        loss = tf.identity(lowering.export_to_tf_tensor(loss))
-    with tf.control_dependencies([loss]):
-      step_var.assign_add(1)
-    return tf.identity(loss)
+  def program():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    loss, updates = model.build(mtf, graph, mesh, features)
+    lowering, ops = bench_util.lower_step(mtf, graph, mesh, mesh_impl,
+                                          updates)
+    if counters is not None:
+      counters.update(lowering=lowering)
+    return bench_util.loss_after_updates(tf, lowering, loss, ops)
 
-  return step
+  return bench_util.counted_step(tf, mtf, step_var, program)
 
 
 def _warm_step(tf, mtf, model, mesh_spec, layout, args):
@@ -328,11 +322,10 @@ def counted_peak_bytes(tf, mtf, model, mesh_spec, layout):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "my_mesh")
     loss, updates = model.build(mtf, graph, mesh, model.features(tf))
-    lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-    ops = [lowering.lowered_operation(u) for u in updates]
+    lowering, ops = bench_util.lower_step(mtf, graph, mesh, mesh_impl,
+                                          updates)
     out = lowering.export_to_tf_tensor(loss)
-    peak = recompute_memory.peak_live_bytes(
-        tf_graph, [out], [o for o in ops if o is not None])
+    peak = recompute_memory.peak_live_bytes(tf_graph, [out], ops)
     variable_bytes = sum(
         mesh_impl.slice_size(v.shape) * v.outputs[0].dtype.size
         for v in graph.all_variables)

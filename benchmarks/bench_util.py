@@ -45,6 +45,62 @@ def reset_peak_rss():
     f.write("5")
 
 
+def add_timing_args(parser, steps, warmup):
+  """Adds --steps (timed steps) and --warmup (untimed ones first)."""
+  parser.add_argument("--steps", type=int, default=steps, help="timed steps")
+  parser.add_argument("--warmup", type=int, default=warmup,
+                      help="untimed steps first (the first one traces)")
+
+
+def new_mesh(mtf, name, mesh_shape, layout, sharding):
+  """(graph, mesh): a new mtf Graph and its Mesh `name`.
+
+  `sharding` (None, "update" or "parameters") asks for data-parallel
+  sharding of the weight updates, or of the parameters too.
+  """
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, name)
+  if sharding:
+    mtf.shard_data_parallel(mesh, mesh_shape, layout,
+                            shard_parameters=(sharding == "parameters"))
+  return graph, mesh
+
+
+def lower_step(mtf, graph, mesh, mesh_impl, updates):
+  """Lowers a training step's mtf graph onto `mesh_impl`.
+
+  Returns (lowering, the TF operations of `updates`: those that lowered to
+  one).
+  """
+  lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+  ops = [lowering.lowered_operation(u) for u in updates]
+  return lowering, [o for o in ops if o is not None]
+
+
+def loss_after_updates(tf, lowering, loss, update_ops):
+  """The TF value of mtf `loss`, read once all of `update_ops` ran."""
+  with tf.control_dependencies(update_ops):
+    return tf.identity(lowering.export_to_tf_tensor(loss))
+
+
+def counted_step(tf, mtf, step_var, program):
+  """A tf.function (no autograph) running one training step.
+
+  It runs program() -> TF loss under the global step `step_var`, then
+  increments the step, and returns the loss.
+  """
+
+  @tf.function(autograph=False)
+  def step():
+    with mtf.global_step.global_step_scope(step_var):
+      loss = program()
+    with tf.control_dependencies([loss]):
+      step_var.assign_add(1)
+    return tf.identity(loss)
+
+  return step
+
+
 def timed_call(fn, *args):
   """Runs fn(*args), waits for its result; returns (ms, result)."""
   ms, _, value = timed_call_cpu(fn, *args)

@@ -36,9 +36,7 @@ LAYOUT = "batch:b;hidden:m"
 
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--steps", type=int, default=30, help="timed steps")
-  p.add_argument("--warmup", type=int, default=3,
-                 help="untimed steps first (the first one traces)")
+  bench_util.add_timing_args(p, steps=30, warmup=3)
   p.add_argument("--batch", type=int, default=512)
   p.add_argument("--io", type=int, default=256)
   p.add_argument("--hidden", type=int, default=1024)
@@ -78,9 +76,7 @@ def _trainer(mtf, tf, mesh_impl, args, inputs, targets):
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     updates = [mtf.assign_sub(v, g * args.lr)
                for v, g in zip(variables, grads)]
-    lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-    for update in updates:
-      lowering.lowered_operation(update)
+    lowering, _ = bench_util.lower_step(mtf, graph, mesh, mesh_impl, updates)
     return lowering.export_to_tf_tensor(loss)
 
   return lambda: step(inputs, targets)

@@ -78,9 +78,7 @@ def parse_args(argv):
   p.add_argument("--optimizers", default=",".join(tf_optimizers.OPTIMIZERS),
                  help="comma-separated subset of " +
                  ",".join(tf_optimizers.OPTIMIZERS))
-  p.add_argument("--steps", type=int, default=30, help="timed steps")
-  p.add_argument("--warmup", type=int, default=3,
-                 help="untimed steps first (the first one traces)")
+  bench_util.add_timing_args(p, steps=30, warmup=3)
   p.add_argument("--batch", type=int, default=512)
   p.add_argument("--io", type=int, default=256)
   p.add_argument("--hidden", type=int, default=1024)
@@ -201,11 +199,8 @@ def run_mtf(tf, mtf, case, weights, x, y, args, optimizer_name,
   @tf.function
   def step(tx, ty):
     with mtf.global_step.global_step_scope(step_var):
-      graph = mtf.Graph()
-      mesh = mtf.Mesh(graph, "mesh")
-      if sharding:
-        mtf.shard_data_parallel(mesh, mesh_shape, layout,
-                                shard_parameters=(sharding == "parameters"))
+      graph, mesh = bench_util.new_mesh(mtf, "mesh", mesh_shape, layout,
+                                        sharding)
       h = mtf.import_tf_tensor(mesh, tx, [batch, io])
       target = mtf.import_tf_tensor(mesh, ty, [batch, io])
       for i, (w1, w2) in enumerate(weights):
@@ -222,13 +217,12 @@ def run_mtf(tf, mtf, case, weights, x, y, args, optimizer_name,
       for v in graph.all_variables:
         # As stored: a sharded parameter's shape names its shard dimension.
         stored_shapes[v.name] = v.shape
-      lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-      ops = [lowering.lowered_operation(u) for u in updates]
+      lowering, ops = bench_util.lower_step(mtf, graph, mesh, mesh_impl,
+                                            updates)
       if counters is not None:
         counters.clear()
         counters.update(lowering.counters)
-      with tf.control_dependencies([o for o in ops if o is not None]):
-        loss = tf.identity(lowering.export_to_tf_tensor(loss))
+      loss = bench_util.loss_after_updates(tf, lowering, loss, ops)
     step_var.assign_add(1)
     return loss
 

@@ -158,19 +158,12 @@ def make_step(mtf, tf, name, args, tokens):
   impl = _impl(mtf, mesh_spec, layout)
   step_var = tf.Variable(0, dtype=tf.int64, name="global_step")
 
-  @tf.function(autograph=False)
-  def step():
-    with mtf.global_step.global_step_scope(step_var):
-      graph, mesh, loss, updates = build_step(mtf, tf, model, args, tokens)
-      lowering = mtf.Lowering(graph, {mesh: impl})
-      ops = [lowering.lowered_operation(u) for u in updates]
-      with tf.control_dependencies([o for o in ops if o is not None]):
-        loss = tf.identity(lowering.export_to_tf_tensor(loss))
-    with tf.control_dependencies([loss]):
-      step_var.assign_add(1)
-    return tf.identity(loss)
+  def program():
+    graph, mesh, loss, updates = build_step(mtf, tf, model, args, tokens)
+    lowering, ops = bench_util.lower_step(mtf, graph, mesh, impl, updates)
+    return bench_util.loss_after_updates(tf, lowering, loss, ops)
 
-  return step
+  return bench_util.counted_step(tf, mtf, step_var, program)
 
 
 def static_figures(mtf, tf, name, args, tokens):
@@ -184,11 +177,9 @@ def static_figures(mtf, tf, name, args, tokens):
   with tf_graph.as_default():
     graph, mesh, loss, updates = build_step(
         mtf, tf, model, args, tf.constant(tokens.numpy()))
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    ops = [lowering.lowered_operation(u) for u in updates]
+    lowering, ops = bench_util.lower_step(mtf, graph, mesh, impl, updates)
     out = lowering.export_to_tf_tensor(loss)
-    peak = recompute_memory.peak_live_bytes(
-        tf_graph, [out], [o for o in ops if o is not None])
+    peak = recompute_memory.peak_live_bytes(tf_graph, [out], ops)
     counters = dict(lowering.counters)
   stack = [v for v in graph.trainable_variables
            if "block_" in v.name or v.member_names]

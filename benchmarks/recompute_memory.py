@@ -110,13 +110,10 @@ def build_step(args, variant, impl):
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     updates = [mtf.assign_sub(v, g * 0.1) for v, g in zip(variables, grads)]
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    ops = [lowering.lowered_operation(u) for u in updates]
-    loss = lowering.export_to_tf_tensor(loss)
+    lowering, ops = bench_util.lower_step(mtf, graph, mesh, impl, updates)
     if tf.executing_eagerly():
-      return loss
-    with tf.control_dependencies([op for op in ops if op is not None]):
-      return tf.identity(loss)
+      return lowering.export_to_tf_tensor(loss)
+    return bench_util.loss_after_updates(tf, lowering, loss, ops)
 
   return step
 

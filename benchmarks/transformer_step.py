@@ -89,8 +89,7 @@ TARGETS = {"mtf_1_vs_keras": 0.9, "mtf_1_vs_original": 1.2,
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--cases", default=",".join(CASES))
-  p.add_argument("--steps", type=int, default=30, help="timed steps")
-  p.add_argument("--warmup", type=int, default=3)
+  bench_util.add_timing_args(p, steps=30, warmup=3)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--length", type=int, default=128)
   p.add_argument("--dropout", type=float, default=DROPOUT,
@@ -202,11 +201,8 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement",
 
   def program(targets):
     with mtf.global_step.global_step_scope(step_var):
-      graph = mtf.Graph()
-      mesh = mtf.Mesh(graph, "my_mesh")
-      if sharding:
-        mtf.shard_data_parallel(mesh, mesh_shape, layout,
-                                shard_parameters=(sharding == "parameters"))
+      graph, mesh = bench_util.new_mesh(mtf, "my_mesh", mesh_shape, layout,
+                                        sharding)
       mtf_targets = mtf.import_tf_tensor(
           mesh, targets, mtf.Shape([batch_dim, length_dim]))
       inputs = transformer.autoregressive_inputs(mtf_targets)
@@ -217,13 +213,12 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement",
       grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
       updates = mtf.optimize.AdafactorOptimizer(
           learning_rate=0.01).apply_grads(grads, variables)
-      lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-      ops = [lowering.lowered_operation(u) for u in updates]
+      lowering, ops = bench_util.lower_step(mtf, graph, mesh, mesh_impl,
+                                            updates)
       if counters is not None:
         counters.clear()
         counters.update(lowering.counters)
-      with tf.control_dependencies([o for o in ops if o is not None]):
-        return tf.identity(lowering.export_to_tf_tensor(loss))
+      return bench_util.loss_after_updates(tf, lowering, loss, ops)
 
   @tf.function(autograph=False)  # No Python control flow on tensors.
   def step(targets):
