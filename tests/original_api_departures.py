@@ -6,8 +6,8 @@ names still being brought in line: it must shrink to nothing.
 
 ORIGINAL_TESTS_EXPECTED_TO_FAIL maps a test of the original's own suite
 ("file::Class.method", as `tools/run_original_tests.sh --list-failures`
-names them) that fails against this package by design to the reason; the
-README's "Differences from the original" says the same.
+names them) that fails against this package by design to the reason;
+docs/differences.md says the same (the README sums it up).
 """
 
 _T2T = ("the original's t2t_vocabulary wraps tensor2tensor's text encoders; "

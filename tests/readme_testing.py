@@ -65,7 +65,7 @@ COVERAGE = {
         f"{PROGRAMS}::test_error_message_example_is_the_real_one"],
     "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [
         "tests/bert/test_readme_commands.py::test_readme_bert_commands"],
-    "setup.py             installs": [
+    "mesh_tensorflow/        the package": [
         f"{PROGRAMS}::test_repository_layout_names_real_paths"],
 }
 

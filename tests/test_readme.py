@@ -15,6 +15,7 @@ a test says what it replaces (`...`, a path).
 """
 
 import ast
+import itertools
 import json
 import pathlib
 import re
@@ -509,21 +510,38 @@ def test_error_message_example_is_the_real_one():
 
 
 def test_repository_layout_names_real_paths():
-  text = block("setup.py             installs")
-  named, folder = [], ""
+  """The layout's entries exist, and it names every top-level folder, every
+  subpackage of mesh_tensorflow and every file of docs/."""
+  text = block("mesh_tensorflow/        the package")
+  named, folder, docs_text = [], "", ""
   for line in text.splitlines():
-    if line and not line[0].isspace():
-      named.append(line.split()[0])
-      folder = named[-1] if named[-1].endswith("/") else ""
-    for path in re.findall(r"(?<![\w/.])([\w/]+\.(?:py|md))\b", line):
-      named.append(path if "/" in path else folder + path)
+    tokens = line.split()
+    if not tokens:
+      continue
+    indent = len(line) - len(line.lstrip())
+    if indent == 0:
+      names = [tokens[0]]
+      folder = tokens[0] if tokens[0].endswith("/") else ""
+    elif indent == 2:
+      names = [folder + t for t in itertools.takewhile(
+          lambda t: t.endswith(("/", ".py")), tokens)]
+    else:
+      names = []
+    named.extend(names)
+    if folder == "docs/":
+      docs_text += line
   assert len(named) > 10, named
   missing = [n for n in named if not (ROOT / n).exists()]
   assert not missing, f"the README's repository layout names {missing}"
-  # Every top-level folder of the package's source is in the list.
-  for folder in ("mesh_tensorflow", "transformer", "examples", "tests",
-                 "benchmarks", "docs", "tools"):
-    assert f"{folder}/" in named, folder
+  for top in ("mesh_tensorflow", "transformer", "examples", "tests",
+              "benchmarks", "docs", "tools"):
+    assert f"{top}/" in named, top
+  packages = sorted(p.parent.name for p in
+                    (ROOT / "mesh_tensorflow").glob("*/__init__.py"))
+  unnamed = [p for p in packages if f"mesh_tensorflow/{p}/" not in named]
+  assert not unnamed, f"the repository layout lacks {unnamed}"
+  doc_names = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+  assert [d for d in doc_names if d not in docs_text] == []
 
 
 def test_paths_named_in_the_text_exist():
