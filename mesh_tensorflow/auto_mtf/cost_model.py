@@ -17,6 +17,12 @@ operation under every assignment of that operation's dimension names;
   by kind and mesh dimensions, with the wire bytes the lowering's counters
   give them (`collective_wire_bytes` of module mesh_impl).
 
+What one operation's lowering does is its cost rule's to say: each
+operation module registers its rules beside its lowerings
+(`mesh_tensorflow.ops.cost_rules`), so that a change to a lowering and to
+its cost are made in one file. This module aggregates them: who is charged
+a pending sum (below), the graph's total, and the step time.
+
 For the search's many calls, a `Pricer` prices many operations under one
 assignment (the pending sums found for one serve the next), and
 `cost_signature` tells which operations cost alike under every assignment
@@ -59,11 +65,12 @@ and mesh dimensions) for the operations modelled here; see
 tests/auto_mtf/test_cost_model.py. Modelled without a check against
 the lowering: top_k, cumsum and unstack over a split dimension, and
 convolutions (their pending sums: summed-over split dimensions of their
-inputs). Not modelled (costed as slicewise work without collectives):
-while loops and the export collectives of summaries of split tensors on
-SimdMeshImpl (the placement implementation has none; the prediction
-follows it).
+inputs). Not modelled (costed as slicewise work without collectives, as
+their modules register): while loops and the export collectives of
+summaries of split tensors on SimdMeshImpl (the placement implementation
+has none; the prediction follows it).
 """
+
 import dataclasses
 import math
 from typing import Tuple
@@ -264,7 +271,7 @@ class _Context:
 # ------------------------------------- rules not yet beside their lowering
 
 # The modules of these operations are being reorganised (ops/variables.py,
-# ops/stacking.py, parallel/pipelining.py): their rules move there next.
+# ops/stacking.py, strategies/pipelining.py): their rules move there next.
 
 cost_rules.register(variables.Variable, cost_rules.NO_WORK)
 # A pipeline's iteration marker hands its inputs on with no TF op.
@@ -273,24 +280,17 @@ cost_rules.register(pipelining.PipelineIterationOperation,
 
 
 @cost_rules.rule_for(stacking.UnstackOperation)
-class _UnstackCost(cost_rules.CostRule):
+class _UnstackCost(cost_rules.AlongDimensionCost):
   """unstack along a split dimension all-concatenates it first."""
 
-  def run(self, info, ctx):
-    layout = ctx.layout
-    dims = info.in_dims[0]
+  def dimension(self, info):
     # The unstacked dimension is the input's one the outputs lack.
-    out_names = {n for n, _ in info.out_dims[0]}
-    name = next(n for n, _ in dims if n not in out_names)
-    m = layout.mesh_dim(name)
-    collectives = []
-    if m is not None:
-      collectives.append(cost_rules.collective(
-          layout, "allconcat", (m,),
-          cost_rules.slice_bytes(layout, dims, info.in_itemsize[0])))
-    return cost_rules.RuleResult(cost_rules.no_pending(info), collectives,
-                                 elementwise_bytes=cost_rules.io_bytes(
-                                     info, layout))
+    return next(d for d in info.in_dims[0] if d not in info.out_dims[0])
+
+  def collectives_along(self, info, layout, mesh_dim):
+    return [cost_rules.collective(
+        layout, "allconcat", (mesh_dim,),
+        cost_rules.slice_bytes(layout, info.in_dims[0], info.in_itemsize[0]))]
 
 
 # -------------------------------------------------------------- public API

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
@@ -149,13 +149,22 @@ def _is_scalar(x):
   return not isinstance(x, graph_lib.Tensor)
 
 
+def _tensor_and_scalar(x1, x2, output_shape):
+  """(the Tensor, the scalar) of a commutative op's operands when one is a
+  Python scalar and no output shape is asked for, else None."""
+  comparisons.require_a_tensor(x1, x2)
+  if output_shape is None and _is_scalar(x2):
+    return x1, x2
+  if output_shape is None and _is_scalar(x1):
+    return x2, x1
+  return None
+
+
 def add(x1, x2, output_shape=None, name=None):
   """x1 + x2 with broadcasting."""
-  comparisons.require_a_tensor(x1, x2)
-  if _is_scalar(x2) and output_shape is None:
-    return ScalarAddOperation(x1, x2, name=name).outputs[0]
-  if _is_scalar(x1) and output_shape is None:
-    return ScalarAddOperation(x2, x1, name=name).outputs[0]
+  with_scalar = _tensor_and_scalar(x1, x2, output_shape)
+  if with_scalar:
+    return ScalarAddOperation(*with_scalar, name=name).outputs[0]
   x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   return AddOperation(x1, x2, output_shape=output_shape, name=name).outputs[0]
 
@@ -175,11 +184,9 @@ def sub(x1, x2, output_shape=None, name=None):
 
 def multiply(x1, x2, output_shape=None, name=None):
   """x1 * x2 with broadcasting (an einsum that reduces nothing)."""
-  comparisons.require_a_tensor(x1, x2)
-  if _is_scalar(x2) and output_shape is None:
-    return ScalarMultiplyOperation(x1, x2, name=name).outputs[0]
-  if _is_scalar(x1) and output_shape is None:
-    return ScalarMultiplyOperation(x2, x1, name=name).outputs[0]
+  with_scalar = _tensor_and_scalar(x1, x2, output_shape)
+  if with_scalar:
+    return ScalarMultiplyOperation(*with_scalar, name=name).outputs[0]
   x1, x2 = comparisons.binary_arguments_to_tensors(x1, x2)
   output_shape = comparisons.broadcast_shape(x1.shape, x2.shape,
                                              output_shape, "multiply")

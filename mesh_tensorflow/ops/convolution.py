@@ -29,6 +29,7 @@ rows that reach a block, a VALID transposed convolution, then each block's
 output is cropped to its block_size * stride rows.
 """
 
+import inspect
 import math
 
 import tensorflow as tf
@@ -37,7 +38,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import shifts
 from mesh_tensorflow.ops import slicing
@@ -247,24 +248,49 @@ class _ConvCost(cost_rules.CostRule):
                                                                   layout))
 
 
-class _ConvOperation(_ConvBase):
-  """conv(x, filter) -> y; filter [fspatial..., in, out]."""
+class _ForwardConvOperation(_ConvBase):
+  """Shared set-up of conv(x, filter) and conv_transpose(x, filter)."""
 
-  _kind = "conv"
+  # The axis of the filter's input-image channels; the default name.
+  _filter_image_channel_axis = None
+  _name_format = None
 
   def __init__(self, conv_input, conv_filter, strides, padding, name=None):
     x = conv_input
     super().__init__([x, conv_filter],
-                     name=name or f"conv{self._rank}d")
-    self._validate(x.shape, conv_filter.shape, strides, padding, -2)
+                     name=name or self._name_format.format(self._rank))
+    self._validate(x.shape, conv_filter.shape, strides, padding,
+                   self._filter_image_channel_axis)
     if x.dtype != conv_filter.dtype:
       raise errors.DTypeError(
-          f"conv {self.name!r}: input and filter must share a dtype, got "
-          f"{x.dtype.name} and {conv_filter.dtype.name}.")
-    out_shape = self._conv_shape(conv_filter.shape.dims[-1])
-    self._outputs = [graph_lib.Tensor(self, out_shape, x.dtype)]
+          f"{self._kind} {self.name!r}: input and filter must share a dtype, "
+          f"got {x.dtype.name} and {conv_filter.dtype.name}.")
+    self._outputs = [graph_lib.Tensor(
+        self, self._output_shape(conv_filter.shape), x.dtype)]
     self._initialize_splittable_and_unsplittable_dims(
         "splittable", self._unsplittable)
+
+  def lower(self, lowering):
+    """Each processor convolves its slices (`_slice_fn`); split input
+    channels leave a pending sum."""
+    impl = lowering.mesh_impl(self)
+    x, conv_filter = self._inputs
+    fn = self._slice_fn(impl.slice_shape(self._outputs[0].shape))
+    y = impl.slicewise(fn, lowering.laid_out_tensor(x),
+                       lowering.laid_out_tensor(conv_filter))
+    y = _lazy_sum(impl, y, _split_axes(impl, [self._image_channels]))
+    lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+class _ConvOperation(_ForwardConvOperation):
+  """conv(x, filter) -> y; filter [fspatial..., in, out]."""
+
+  _kind = "conv"
+  _filter_image_channel_axis = -2
+  _name_format = "conv{}d"
+
+  def _output_shape(self, filter_shape):
+    return self._conv_shape(filter_shape.dims[-1])
 
   def gradient(self, grad_ys):
     dy = grad_ys[0]
@@ -276,19 +302,15 @@ class _ConvOperation(_ConvBase):
                          self._padding, self._rank),
     ]
 
-  def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    x, conv_filter = self._inputs
+  def _slice_fn(self, output_slice_shape):
+    del output_slice_shape
     rank, strides, padding = self._rank, self._strides, self._padding
 
     def fn(x_slice, f_slice):
       flat, restore = _flatten_batch_dims(x_slice, rank + 1)
       return restore(_tf_conv(rank)(flat, f_slice, strides, padding))
 
-    y = impl.slicewise(fn, lowering.laid_out_tensor(x),
-                       lowering.laid_out_tensor(conv_filter))
-    y = _lazy_sum(impl, y, _split_axes(impl, [self._image_channels]))
-    lowering.set_tensor_lowering(self._outputs[0], y)
+    return fn
 
 
 class Conv2dOperation(_ConvOperation):
@@ -307,7 +329,24 @@ def _check_conv_dimension(conv_dimension):
   return conv_dimension
 
 
-class Conv2or3dBackpropInputOperation(_ConvBase):
+class _ConvBackpropOperation(_ConvBase):
+  """Shared set-up of the two gradients of a (transposed) convolution."""
+
+  _wrt = None  # "input" or "filter".
+
+  def __init__(self, conv_dimension, is_transpose, inputs, name):
+    self._rank = _check_conv_dimension(conv_dimension)
+    self._is_transpose = bool(is_transpose)
+    trans = "_trans" if is_transpose else ""
+    super().__init__(
+        inputs, name=name or f"conv{self._rank}d{trans}_backprop_{self._wrt}")
+
+  def _finish(self, output_shape, dtype):
+    self._outputs = [graph_lib.Tensor(self, output_shape, dtype)]
+    self._mark_all_splittable_as_the_original()
+
+
+class Conv2or3dBackpropInputOperation(_ConvBackpropOperation):
   """The gradient of a (transposed) convolution with respect to its input.
 
   Not transposed: given the input shape [batch..., spatial..., cin], a
@@ -330,14 +369,11 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
   """
 
   _kind = "conv_backprop_input"
+  _wrt = "input"
 
   def __init__(self, conv_dimension, is_transpose, input_shape, conv_filter,
                dy, strides, padding, name=None):
-    rank = self._rank = _check_conv_dimension(conv_dimension)
-    self._is_transpose = bool(is_transpose)
-    trans = "_trans" if is_transpose else ""
-    super().__init__([conv_filter, dy],
-                     name=name or f"conv{rank}d{trans}_backprop_input")
+    super().__init__(conv_dimension, is_transpose, [conv_filter, dy], name)
     input_shape = shape_lib.convert_to_shape(input_shape)
     if self._is_transpose:
       # The input gradient is conv(dy, filter): validate it as that.
@@ -352,8 +388,7 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
       self._validate(input_shape, conv_filter.shape, strides, padding, -2)
       self._check_dy_shape(dy.shape,
                            self._conv_shape(conv_filter.shape.dims[-1]))
-    self._outputs = [graph_lib.Tensor(self, input_shape, dy.dtype)]
-    self._mark_all_splittable_as_the_original()
+    self._finish(input_shape, dy.dtype)
 
   def gradient(self, grad_ys):
     g = grad_ys[0]
@@ -393,7 +428,7 @@ class Conv2or3dBackpropInputOperation(_ConvBase):
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 
-class Conv2or3dBackpropFilterOperation(_ConvBase):
+class Conv2or3dBackpropFilterOperation(_ConvBackpropOperation):
   """The gradient of a (transposed) convolution with respect to its filter.
 
   Not transposed: given the input [batch..., spatial..., cin], the filter
@@ -404,33 +439,23 @@ class Conv2or3dBackpropFilterOperation(_ConvBase):
   input and dy swap. Sums over the batch, so split batch dimensions leave
   partial sums (lazily allreduced over their mesh dimensions).
 
-  Args:
-    conv_dimension: 2 or 3.
-    is_transpose: whether the forward operation was a transposed
-      convolution.
-    conv_input: the forward operation's input Tensor.
-    filter_shape: the Shape of the filter.
-    dy: the gradient of the forward operation's output.
-    strides, padding: those of the forward operation.
-    name: an optional name.
+  Takes the arguments of Conv2or3dBackpropInputOperation, with the forward
+  operation's input Tensor `conv_input` and the filter's Shape
+  `filter_shape` in place of `input_shape` and `conv_filter`.
   """
 
   _kind = "conv_backprop_filter"
+  _wrt = "filter"
 
   def __init__(self, conv_dimension, is_transpose, conv_input, filter_shape,
                dy, strides, padding, name=None):
-    rank = self._rank = _check_conv_dimension(conv_dimension)
-    self._is_transpose = bool(is_transpose)
-    trans = "_trans" if is_transpose else ""
-    super().__init__([conv_input, dy],
-                     name=name or f"conv{rank}d{trans}_backprop_filter")
+    super().__init__(conv_dimension, is_transpose, [conv_input, dy], name)
     filter_shape = shape_lib.convert_to_shape(filter_shape)
     # The convolution whose filter gradient this is maps `image` to `grad`.
     image, grad = (dy, conv_input) if self._is_transpose else (conv_input, dy)
     self._validate(image.shape, filter_shape, strides, padding, -2)
     self._check_dy_shape(grad.shape, self._conv_shape(filter_shape.dims[-1]))
-    self._outputs = [graph_lib.Tensor(self, filter_shape, dy.dtype)]
-    self._mark_all_splittable_as_the_original()
+    self._finish(filter_shape, dy.dtype)
 
   def gradient(self, grad_ys):
     g = grad_ys[0]
@@ -481,7 +506,7 @@ def _swap_channels(filter_shape):
   return shape_lib.Shape(dims[:-2] + [dims[-1], dims[-2]])
 
 
-class _ConvTransposeOperation(_ConvBase):
+class _ConvTransposeOperation(_ForwardConvOperation):
   """conv_transpose(x, filter) -> y; filter [fspatial..., out, in].
 
   The transposed convolution is the input gradient of the convolution of y
@@ -490,26 +515,16 @@ class _ConvTransposeOperation(_ConvBase):
   """
 
   _kind = "conv_transpose"
+  _filter_image_channel_axis = -1
+  _name_format = "conv{}d_transpose"
 
-  def __init__(self, conv_input, conv_filter, strides, padding, name=None):
-    x = conv_input
-    super().__init__([x, conv_filter],
-                     name=name or f"conv{self._rank}d_transpose")
-    self._validate(x.shape, conv_filter.shape, strides, padding, -1)
-    if x.dtype != conv_filter.dtype:
-      raise errors.DTypeError(
-          f"conv_transpose {self.name!r}: input and filter must share a "
-          f"dtype, got {x.dtype.name} and {conv_filter.dtype.name}.")
+  def _output_shape(self, filter_shape):
     dims = []
     for d, f, s in zip(self._spatial_dims, self._filter_spatial_dims,
                        self._strides[1:-1]):
       dims.append(shape_lib.Dimension(d.name, _transpose_output_size(
-          d.size, f.size, s, padding)))
-    out_shape = shape_lib.Shape(self._batch_dims + dims +
-                                [conv_filter.shape.dims[-2]])
-    self._outputs = [graph_lib.Tensor(self, out_shape, x.dtype)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", self._unsplittable)
+          d.size, f.size, s, self._padding)))
+    return shape_lib.Shape(self._batch_dims + dims + [filter_shape.dims[-2]])
 
   def gradient(self, grad_ys):
     g = grad_ys[0]
@@ -521,11 +536,9 @@ class _ConvTransposeOperation(_ConvBase):
                          self._padding, self._rank),
     ]
 
-  def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    x, conv_filter = self._inputs
+  def _slice_fn(self, output_slice_shape):
     rank, strides, padding = self._rank, self._strides, self._padding
-    kept = impl.slice_shape(self._outputs[0].shape)[-(rank + 1):]
+    kept = output_slice_shape[-(rank + 1):]
 
     def fn(x_slice, f_slice):
       flat, restore = _flatten_batch_dims(x_slice, rank + 1)
@@ -534,10 +547,7 @@ class _ConvTransposeOperation(_ConvBase):
           filter=f_slice, out_backprop=flat, strides=strides,
           padding=padding))
 
-    y = impl.slicewise(fn, lowering.laid_out_tensor(x),
-                       lowering.laid_out_tensor(conv_filter))
-    y = _lazy_sum(impl, y, _split_axes(impl, [self._image_channels]))
-    lowering.set_tensor_lowering(self._outputs[0], y)
+    return fn
 
 
 class Conv2dTransposeOperation(_ConvTransposeOperation):
@@ -610,51 +620,35 @@ def conv3d_transpose(x, conv_filter, strides, padding, name=None):
 
 
 def _backprop_function(operation_class, rank, is_transpose, wrt):
-  """The public gradient function of conv{rank}d[_transpose] with respect
-  to `wrt` ("input" or "filter"), as the original named it."""
+  """The original's conv{rank}d[_transpose]_backprop_{wrt}: builds an
+  `operation_class` with `rank` and `is_transpose` and the caller's other
+  arguments, whose names and order it takes from the class."""
   forward = f"conv{rank}d" + ("_transpose" if is_transpose else "")
 
-  def backprop(*args, name=None):
-    return operation_class(rank, is_transpose, *args, name=name).outputs[0]
+  def backprop(*args, **kwargs):
+    return operation_class(rank, is_transpose, *args, **kwargs).outputs[0]
 
-  return backprop, forward + "_backprop_" + wrt, (
-      f"The gradient of `{forward}` with respect to its {wrt}.")
-
-
-def _backprop_input_function(rank, is_transpose):
-  backprop, name, doc = _backprop_function(
-      Conv2or3dBackpropInputOperation, rank, is_transpose, "input")
-
-  def backprop_input(input_shape, conv_filter, dy, strides, padding,
-                     name=None):
-    return backprop(input_shape, conv_filter, dy, strides, padding, name=name)
-
-  backprop_input.__name__ = backprop_input.__qualname__ = name
-  backprop_input.__doc__ = doc + " `input_shape` is the input's Shape."
-  return backprop_input
+  signature = inspect.signature(operation_class)
+  backprop.__signature__ = signature.replace(
+      parameters=list(signature.parameters.values())[2:])
+  backprop.__name__ = backprop.__qualname__ = f"{forward}_backprop_{wrt}"
+  backprop.__doc__ = (f"The gradient of `{forward}` with respect to its "
+                      f"{wrt} (see {operation_class.__name__}).")
+  return backprop
 
 
-def _backprop_filter_function(rank, is_transpose):
-  backprop, name, doc = _backprop_function(
-      Conv2or3dBackpropFilterOperation, rank, is_transpose, "filter")
-
-  def backprop_filter(conv_input, filter_shape, dy, strides, padding,
-                      name=None):
-    return backprop(conv_input, filter_shape, dy, strides, padding, name=name)
-
-  backprop_filter.__name__ = backprop_filter.__qualname__ = name
-  backprop_filter.__doc__ = doc + " `filter_shape` is the filter's Shape."
-  return backprop_filter
-
-
-conv2d_backprop_input = _backprop_input_function(2, False)
-conv2d_backprop_filter = _backprop_filter_function(2, False)
-conv3d_backprop_input = _backprop_input_function(3, False)
-conv3d_backprop_filter = _backprop_filter_function(3, False)
-conv2d_transpose_backprop_input = _backprop_input_function(2, True)
-conv2d_transpose_backprop_filter = _backprop_filter_function(2, True)
-conv3d_transpose_backprop_input = _backprop_input_function(3, True)
-conv3d_transpose_backprop_filter = _backprop_filter_function(3, True)
+_INPUT = Conv2or3dBackpropInputOperation
+_FILTER = Conv2or3dBackpropFilterOperation
+conv2d_backprop_input = _backprop_function(_INPUT, 2, False, "input")
+conv2d_backprop_filter = _backprop_function(_FILTER, 2, False, "filter")
+conv3d_backprop_input = _backprop_function(_INPUT, 3, False, "input")
+conv3d_backprop_filter = _backprop_function(_FILTER, 3, False, "filter")
+conv2d_transpose_backprop_input = _backprop_function(_INPUT, 2, True, "input")
+conv2d_transpose_backprop_filter = _backprop_function(_FILTER, 2, True,
+                                                      "filter")
+conv3d_transpose_backprop_input = _backprop_function(_INPUT, 3, True, "input")
+conv3d_transpose_backprop_filter = _backprop_function(_FILTER, 3, True,
+                                                      "filter")
 
 
 def _with_blocks(conv_fn, x, conv_filter, strides, padding, blocks_dims,

@@ -240,6 +240,30 @@ class NoWorkCost(CostRule):
 NO_WORK = NoWorkCost()
 
 
+class AlongDimensionCost(CostRule):
+  """Slicewise work, and when one dimension of the operation (`dimension`)
+  is split, the collectives `collectives_along` gives over its mesh
+  dimension (a softmax, a cumsum, a top_k along a split dimension)."""
+
+  def dimension(self, info):
+    """The (name, size) of the dimension the operation works along."""
+    raise NotImplementedError
+
+  def collectives_along(self, info, layout, mesh_dim):
+    """The Collectives over `mesh_dim`, which splits `dimension`."""
+    raise NotImplementedError
+
+  def attributes(self, info):
+    return tuple(self.dimension(info))
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    m = layout.mesh_dim(self.dimension(info)[0])
+    collectives = () if m is None else self.collectives_along(info, layout, m)
+    return RuleResult(no_pending(info), collectives,
+                      elementwise_bytes=io_bytes(info, layout))
+
+
 class PassThroughCost(CostRule):
   """Hands every input on as the same-index output, pending or not, with
   no TF op (markers, stop_gradient)."""

@@ -109,24 +109,16 @@ class CumsumOperation(graph_lib.Operation):
 
 
 @cost_rules.rule_for(CumsumOperation)
-class _CumsumCost(cost_rules.CostRule):
+class _CumsumCost(cost_rules.AlongDimensionCost):
   """cumsum along a split dimension: block totals all-concatenated."""
 
-  def attributes(self, info):
-    return (info.op.dim.name,)
+  def dimension(self, info):
+    return info.op.dim
 
-  def run(self, info, ctx):
-    layout = ctx.layout
-    name = info.op.dim.name
-    m = layout.mesh_dim(name)
-    collectives = []
-    if m is not None:
-      collectives.append(cost_rules.collective(
-          layout, "allconcat", (m,), cost_rules.slice_bytes_without(
-              layout, info.in_dims[0], name, info.in_itemsize[0])))
-    return cost_rules.RuleResult([()], collectives,
-                                 elementwise_bytes=cost_rules.io_bytes(
-                                     info, layout))
+  def collectives_along(self, info, layout, mesh_dim):
+    return [cost_rules.collective(
+        layout, "allconcat", (mesh_dim,), cost_rules.slice_bytes_without(
+            layout, info.in_dims[0], info.op.dim.name, info.in_itemsize[0]))]
 
 
 def _pool_shape(tensor, pool_dim, pool_size, context):

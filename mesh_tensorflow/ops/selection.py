@@ -23,7 +23,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import cost_rules
@@ -170,30 +170,24 @@ class TopKOperation(graph_lib.Operation):
 
 
 @cost_rules.rule_for(TopKOperation)
-class _TopKCost(cost_rules.CostRule):
+class _TopKCost(cost_rules.AlongDimensionCost):
   """top_k over a split dimension: each block's top k, all-concatenated
   (values and indices), then merged."""
 
-  def attributes(self, info):
-    op = info.op
-    return (op.reduced_dim.name, op.reduced_dim.size, op.k)
+  def dimension(self, info):
+    return info.op.reduced_dim
 
-  def run(self, info, ctx):
-    layout = ctx.layout
-    op = info.op
-    reduced = op.reduced_dim.name
-    m = layout.mesh_dim(reduced)
-    collectives = []
-    if m is not None:
-      block_k = min(op.k, op.reduced_dim.size // layout.sizes[m])
-      rest = layout.slice_elements(
-          [d for d in info.in_dims[0] if d[0] != reduced])
-      for itemsize in info.out_itemsize:
-        collectives.append(cost_rules.collective(
-            layout, "allconcat", (m,), rest * block_k * itemsize))
-    return cost_rules.RuleResult(cost_rules.no_pending(info), collectives,
-                                 elementwise_bytes=cost_rules.io_bytes(
-                                     info, layout))
+  def attributes(self, info):
+    return tuple(info.op.reduced_dim) + (info.op.k,)
+
+  def collectives_along(self, info, layout, mesh_dim):
+    reduced = info.op.reduced_dim
+    block_k = min(info.op.k, reduced.size // layout.sizes[mesh_dim])
+    rest = layout.slice_elements(
+        [d for d in info.in_dims[0] if d[0] != reduced.name])
+    return [cost_rules.collective(layout, "allconcat", (mesh_dim,),
+                                  rest * block_k * itemsize)
+            for itemsize in info.out_itemsize]
 
 
 def top_k(x, reduced_dim, k_dim, name=None):

@@ -23,7 +23,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
@@ -184,32 +184,27 @@ def _receivers(n, offset, wrap):
 
 
 @cost_rules.rule_for(ShiftOperation)
-class _ShiftCost(cost_rules.CostRule):
+class _ShiftCost(cost_rules.AlongDimensionCost):
   """Over a split dimension: a receive for each of `_shift_pieces`."""
+
+  def dimension(self, info):
+    return info.op.dim
 
   def attributes(self, info):
     op = info.op
     return (op.dim.name, op.offset, op.wrap)
 
-  def run(self, info, ctx):
-    layout = ctx.layout
+  def collectives_along(self, info, layout, mesh_dim):
     op = info.op
-    dims = info.in_dims[0]
-    m = layout.mesh_dim(op.dim.name)
-    collectives = []
-    if m is not None:
-      n = layout.sizes[m]
-      block = op.dim.size // n
-      per_entry = cost_rules.slice_bytes(layout, dims,
-                                         info.in_itemsize[0]) // block
-      for blocks, entries in _shift_pieces(op.offset, op.dim.size, block,
-                                           op.wrap):
-        collectives.append(cost_rules.collective(
-            layout, "receive", (m,), per_entry * entries,
-            _receivers(n, blocks, op.wrap)))
-    return cost_rules.RuleResult([()], collectives,
-                                 elementwise_bytes=cost_rules.io_bytes(
-                                     info, layout))
+    n = layout.sizes[mesh_dim]
+    block = op.dim.size // n
+    per_entry = cost_rules.slice_bytes(layout, info.in_dims[0],
+                                       info.in_itemsize[0]) // block
+    return [cost_rules.collective(layout, "receive", (mesh_dim,),
+                                  per_entry * entries,
+                                  _receivers(n, blocks, op.wrap))
+            for blocks, entries in _shift_pieces(op.offset, op.dim.size,
+                                                 block, op.wrap)]
 
 
 def shift(x, offset, dim, wrap, name=None):

@@ -16,7 +16,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
-from mesh_tensorflow import slice_utils
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
@@ -123,29 +123,25 @@ class SoftmaxGradOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(self._outputs[0], dx)
 
 
-class _SoftmaxCost(cost_rules.CostRule):
+class _SoftmaxCost(cost_rules.AlongDimensionCost):
   """Over a split dimension: `allreduces` allreduces of the slices summed
   (or maxed) over it, as the lowerings above do."""
 
   def __init__(self, allreduces):
     self.allreduces = allreduces
 
+  def dimension(self, info):
+    return info.op.reduced_dim
+
   def attributes(self, info):
     return (info.op.reduced_dim.name, self.allreduces)
 
-  def run(self, info, ctx):
-    layout = ctx.layout
-    reduced = info.op.reduced_dim.name
-    m = layout.mesh_dim(reduced)
-    collectives = []
-    if m is not None:
-      nbytes = cost_rules.slice_bytes_without(layout, info.in_dims[0], reduced,
-                                              info.in_itemsize[0])
-      collectives = [cost_rules.collective(layout, "allreduce", (m,), nbytes)
-                    ] * self.allreduces
-    return cost_rules.RuleResult(cost_rules.no_pending(info), collectives,
-                                 elementwise_bytes=cost_rules.io_bytes(
-                                     info, layout))
+  def collectives_along(self, info, layout, mesh_dim):
+    nbytes = cost_rules.slice_bytes_without(
+        layout, info.in_dims[0], info.op.reduced_dim.name,
+        info.in_itemsize[0])
+    return [cost_rules.collective(layout, "allreduce", (mesh_dim,), nbytes)
+           ] * self.allreduces
 
 
 # The max and the sum forward; the sum of y * dy back.

@@ -21,7 +21,7 @@ COSTED_AS_SLICEWISE = {
     "mesh_tensorflow.ops.stacking.StackOperation",
     "mesh_tensorflow.ops.variables.Assign",
     "mesh_tensorflow.ops.variables.ReadVariable",
-    "mesh_tensorflow.residual_layers.ReversibleHalfResidualOperation",
+    "mesh_tensorflow.layers.residual_layers.ReversibleHalfResidualOperation",
 }
 
 
@@ -46,8 +46,8 @@ def _name(cls):
 def test_the_walk_finds_the_operations():
   names = {_name(c) for c in _operation_classes()}
   assert "mesh_tensorflow.ops.contractions.EinsumOperation" in names
-  assert "mesh_tensorflow.strategies.pipelining.PipelineIterationOperation" in (
-      names)
+  assert any(n.endswith(".pipelining.PipelineIterationOperation")
+             for n in names)
   assert COSTED_AS_SLICEWISE <= names
 
 
