@@ -65,6 +65,14 @@ def test_every_readme_block_is_run_or_excused():
     assert len(holding) == 1, (
         f"COVERAGE key {key!r} is in {len(holding)} README blocks: {holding}")
   _check_entries("COVERAGE", readme_testing.COVERAGE)
+  # The blocks that moved on to docs/ are still there, and still run.
+  for path, coverage in readme_testing.DOCS_COVERAGE.items():
+    for key in coverage:
+      holding = [str(b) for b in readme_testing.blocks(path) if key in b.text]
+      assert len(holding) == 1, (
+          f"DOCS_COVERAGE key {key!r} is in {len(holding)} blocks of "
+          f"{path}: {holding}")
+    _check_entries(f"DOCS_COVERAGE[{path!r}]", coverage)
 
 
 def test_every_binary_setting_in_the_text_is_run_or_excused():
