@@ -94,15 +94,9 @@ class BranchedSelfAttention(self_attention_layers.SelfAttention):
 
 
 @gin.configurable(module=_GIN_MODULE)
-class BranchedEncDecAttention(BranchedSelfAttention):
+class BranchedEncDecAttention(self_attention_layers.EncDecMixin,
+                              BranchedSelfAttention):
   """Branched attention over the encoder output."""
-
-  def __init__(self, relative_attention_type=None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type,
-                     **kwargs)
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
 
   def call(self, context, x, losses=None):
     """Applies the layer to `x` given `context.encoder_output`."""

@@ -88,7 +88,8 @@ class ExpertsSelfAttention(self_attention_layers.SelfAttention):
 
 
 @gin.configurable(module=_GIN_MODULE)
-class ExpertsEncDecAttention(ExpertsSelfAttention):
+class ExpertsEncDecAttention(self_attention_layers.EncDecMixin,
+                             ExpertsSelfAttention):
   """Attention over the encoder output with mixture-of-experts projections.
 
   Keys and values must come from the encoder output, so the expert
@@ -101,9 +102,6 @@ class ExpertsEncDecAttention(ExpertsSelfAttention):
     kwargs.setdefault("expert_computation", "q")
     super().__init__(relative_attention_type=relative_attention_type,
                      **kwargs)
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
 
   def call(self, context, x, losses=None):
     """Attends from x to the encoder output."""

@@ -333,19 +333,6 @@ class EncDecAttentionFixup(transformer_layers.EncDecAttention):
   class exists so that a Fixup model's gin file names one family).
   """
 
-  def __init__(self, relative_attention_type=None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type,
-                     **kwargs)
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
-
-  def call(self, context, x, losses=None):
-    """Attends from x to the encoder output."""
-    return transformer_layers.enc_dec_attention(
-        self, self._get_memory_antecedent(context), context, x, losses,
-        attention_fn=self.attention_fn)
-
 
 @gin.configurable(module=_GIN_MODULE)
 def sublayer_fixup_scale(x, layer_stack, context):

@@ -621,12 +621,14 @@ def enc_dec_attention(self_attention_layer, memory_antecedent, context, x,
       context, attention_output, losses)
 
 
-@gin.configurable(module=_GIN_MODULE)
-class EncDecAttention(SelfAttention):
-  """Multi-head attention over the encoder's output (context.encoder_output).
+class EncDecMixin:
+  """Makes an attention layer attend to the encoder's output.
 
-  Takes SelfAttention's arguments; relative_attention_type "bias" buckets
-  `relative_position_spans` (see `enc_dec_attention_bias`).
+  Mixed in before a self-attention class: the memory is
+  context.encoder_output, and the constructor takes the original's
+  (relative_attention_type, **kwargs) of every encoder-decoder attention
+  layer (`EncDecAttention` and the encoder-decoder variants of the other
+  attention families).
   """
 
   def __init__(self, relative_attention_type=None, **kwargs):
@@ -635,6 +637,15 @@ class EncDecAttention(SelfAttention):
 
   def _get_memory_antecedent(self, context):
     return context.encoder_output
+
+
+@gin.configurable(module=_GIN_MODULE)
+class EncDecAttention(EncDecMixin, SelfAttention):
+  """Multi-head attention over the encoder's output (context.encoder_output).
+
+  Takes SelfAttention's arguments; relative_attention_type "bias" buckets
+  `relative_position_spans` (see `enc_dec_attention_bias`).
+  """
 
   def call(self, context, x, losses=None):
     """Attends from x to the encoder output."""

@@ -258,19 +258,13 @@ class TalkingHeadsSelfAttention(self_attention_layers.SelfAttention):
 
 
 @gin.configurable(module=_GIN_MODULE)
-class TalkingHeadsEncDecAttention(TalkingHeadsSelfAttention):
+class TalkingHeadsEncDecAttention(self_attention_layers.EncDecMixin,
+                                  TalkingHeadsSelfAttention):
   """Talking-heads attention over the encoder output.
 
   See TalkingHeadsSelfAttention. In "first_part" mode it records its keys
   and values as a constant state, read back at every "incremental" step.
   """
-
-  def __init__(self, relative_attention_type=None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type,
-                     **kwargs)
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
 
   def call(self, context, x, losses=None):
     """Applies the layer to `x` given `context.encoder_output`."""
@@ -370,15 +364,9 @@ class GeneralBilinearSelfAttention(self_attention_layers.SelfAttention):
 
 
 @gin.configurable(module=_GIN_MODULE)
-class GeneralBilinearEncDecAttention(GeneralBilinearSelfAttention):
+class GeneralBilinearEncDecAttention(self_attention_layers.EncDecMixin,
+                                     GeneralBilinearSelfAttention):
   """General bilinear attention over the encoder output."""
-
-  def __init__(self, relative_attention_type=None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type,
-                     **kwargs)
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
 
   def call(self, context, x, losses=None):
     """Applies the layer to `x` given `context.encoder_output`."""
