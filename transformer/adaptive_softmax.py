@@ -35,7 +35,7 @@ _WHOLE_VOCAB = "_adaptive_softmax_vocab"
 _CLUSTER_LENGTH = "_adaptive_softmax_cluster_length"
 
 
-class _Cluster:
+class _Cluster(vocab_embeddings.Cluster):
   """The tokens [start_token_id, end_token_id) and their embedding."""
 
   def __init__(self, embedding, start_token_id, end_token_id,
@@ -52,9 +52,7 @@ class _Cluster:
         (later tokens of the cluster beyond those are left out).
       vocab_dim: the cluster's vocabulary Dimension (named like the model's).
     """
-    self._embedding = embedding
-    self._start_token_id = start_token_id
-    self._end_token_id = end_token_id
+    super().__init__(embedding, start_token_id, end_token_id)
     self._length_projection_factor = length_projection_factor
     self._vocab_dim = vocab_dim
 
@@ -65,16 +63,6 @@ class _Cluster:
   @property
   def length_projection_factor(self):
     return self._length_projection_factor
-
-  def ids_to_embedding(self, ids, context):
-    """Embeddings of the ids in the cluster, zero vectors for the others."""
-    local = ids - self._start_token_id
-    inside = mtf.logical_and(
-        mtf.greater_equal(local, 0),
-        mtf.less(local, self._end_token_id - self._start_token_id))
-    local = mtf.where(inside, local, mtf.zeros_like(local))
-    embedding = self._embedding.ids_to_embedding(local, context)
-    return embedding * mtf.cast(inside, embedding.dtype)
 
   def get_cluster_mask(self, targets):
     """True where a target token belongs to the cluster."""

@@ -107,8 +107,12 @@ class FactorizedVocabEmbedding:
     return mtf.einsum([inner, self._factor1], reduced_dims=[self._inner_dim])
 
 
-class _Cluster:
-  """The embedding of the contiguous ids [start_token_id, end_token_id)."""
+class Cluster:
+  """The embedding of the contiguous ids [start_token_id, end_token_id).
+
+  A cluster of `AdaptiveVocabEmbedding`, and the base of the adaptive
+  softmax's clusters.
+  """
 
   def __init__(self, embedding, start_token_id, end_token_id):
     self._embedding = embedding
@@ -176,7 +180,7 @@ class AdaptiveVocabEmbedding:
       else:
         embedding = FactorizedVocabEmbedding(inner_dimension_size=size,
                                              **kwargs)
-      self._clusters.append(_Cluster(embedding, start, start + count))
+      self._clusters.append(Cluster(embedding, start, start + count))
       start += count
 
   def ids_to_embedding(self, ids, context):
