@@ -37,6 +37,23 @@ def _ensemble_dims(context):
   return list(getattr(context.model, "ensemble_dims", None) or [])
 
 
+def _relative_bias_variable(context, name, dims, shared_key):
+  """The relative-attention bias variable `name` [ensemble..., dims].
+
+  With a `shared_key` ("bias_shared"), the layers of a call that ask with
+  the same key share one variable (kept in context.cache); with None every
+  layer has its own.
+  """
+  values = None if shared_key is None else context.cache.get(shared_key)
+  if values is None:
+    values = mtf.get_variable(context.mesh, name,
+                              _ensemble_dims(context) + dims,
+                              dtype=context.variable_dtype)
+  if shared_key is not None:
+    context.cache[shared_key] = values
+  return values
+
+
 def _position(context):
   """The query positions: [batch] in "incremental" mode, else [.., length]."""
   if context.position is not None:
@@ -364,19 +381,12 @@ class SelfAttention(transformer.TransformerLayer):
         bidirectional=not context.model.fully_autoregressive,
         num_buckets=buckets_dim.size)
     if self.relative_attention_type in ("bias", "bias_shared"):
-      values = None
-      cache_key = None
+      shared_key = None
       if self.relative_attention_type == "bias_shared":
-        cache_key = ("self_attention_bias",) + tuple(visibility_key) + (
+        shared_key = ("self_attention_bias",) + tuple(visibility_key) + (
             tuple(heads_dims),)
-        values = context.cache.get(cache_key)
-      if values is None:
-        values = mtf.get_variable(
-            context.mesh, "relative_attention_bias",
-            _ensemble_dims(context) + heads_dims + [buckets_dim],
-            dtype=context.variable_dtype)
-      if cache_key is not None:
-        context.cache[cache_key] = values
+      values = _relative_bias_variable(context, "relative_attention_bias",
+                                       heads_dims + [buckets_dim], shared_key)
     else:  # "contextual"
       values = mtf.layers.dense(
           q, reduced_dims=[self.kv_dim],
@@ -540,18 +550,12 @@ def enc_dec_attention_bias(layer,
   if layer.relative_attention_type in ("bias", "bias_shared"):
     buckets_dim = mtf.Dimension(
         "buckets", layer.relative_attention_num_buckets)
-    values = None
-    cache_key = None
+    shared_key = None
     if layer.relative_attention_type == "bias_shared":
-      cache_key = ("enc_dec_relative_attention_bias", tuple(heads_dims))
-      values = context.cache.get(cache_key)
-    if values is None:
-      values = mtf.get_variable(
-          context.mesh, "enc_dec_relative_attention_bias",
-          _ensemble_dims(context) + heads_dims + [buckets_dim],
-          dtype=context.variable_dtype)
-    if cache_key is not None:
-      context.cache[cache_key] = values
+      shared_key = ("enc_dec_relative_attention_bias", tuple(heads_dims))
+    values = _relative_bias_variable(
+        context, "enc_dec_relative_attention_bias", heads_dims + [buckets_dim],
+        shared_key)
     rp_bucket = _relative_position_bucket(
         relative_position_fn(context), bidirectional=True,
         num_buckets=buckets_dim.size)
