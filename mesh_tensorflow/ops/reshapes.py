@@ -16,6 +16,9 @@ can change how the tensor is laid out, and then it communicates:
 Example on mesh "all:2": reshaping x[a=4, b=6] with rules "a:all" to
 y[c=24] with rules "c:all" is local (both split the outermost elements in
 halves); renaming "a" to "d" with no rule for "d" allconcats.
+
+`reshape_plan` decides these steps from the layouts alone: the lowering
+follows the plan and the cost rule prices it, so the two cannot differ.
 """
 
 import dataclasses

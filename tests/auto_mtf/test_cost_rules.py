@@ -3,14 +3,17 @@
 The layout search prices operations through the rules their modules
 register (mesh_tensorflow.ops.cost_rules). An operation class without one
 would be costed as plain slicewise work, silently: this test makes a new
-operation name its rule, or join the short list below.
+operation name its rule, or join the short list below. Reshapes, whose
+rule prices the plan their lowering follows, are checked against the
+lowering's counters in layouts the model tests do not reach.
 """
 
 import pytest
+import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import transformer  # pylint: disable=unused-import
-from mesh_tensorflow.auto_mtf import cost_model  # pylint: disable=unused-import
+from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.ops import cost_rules
 
 # Operations costed as slicewise work whose modules register no rule yet
@@ -84,3 +87,37 @@ def test_rules_are_found_through_the_mro():
   assert cost_rules.registered_rule(Sub) is rule
   with pytest.raises(ValueError, match="already has the cost rule"):
     cost_rules.register(Registered, cost_rules.SLICEWISE)
+
+
+def _collectives(counters):
+  """{(kind, mesh dims): {"calls", "wire_bytes"}} of a Lowering's
+  counters."""
+  result = {}
+  for key, value in counters.items():
+    parts = key.split("/")
+    if parts[0] == "comm" and parts[3] in ("calls", "wire_bytes"):
+      result.setdefault((parts[1], parts[2]), {})[parts[3]] = value
+  return result
+
+
+@pytest.mark.parametrize("old,new,rules,mesh", [
+    # The same blocks of elements (both splits start at the first
+    # element): local, though the split axes differ in size.
+    ("a:4;b:6", "c:8;d:3", "a:m;c:m", "m:2"),
+    # Splits starting after different numbers of elements, with no free
+    # axis of the input to move to: allconcat, then split after.
+    ("a:4;b:6", "c:3;d:8", "b:m;d:m", "m:2"),
+    ("a:4;b:6", "c:24", "a:m", "m:2"),
+    ("a:4;b:6;e:2", "c:8;d:6", "a:m;b:n;d:n", "m:2;n:2"),
+])
+def test_a_reshape_costs_what_its_lowering_does(old, new, rules, mesh):
+  """The rule prices reshape_plan, the plan the lowering follows."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh, rules)
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mtf_mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.zeros(mtf_mesh, mtf.convert_to_shape(old))
+    mtf.reduce_sum(mtf.reshape(x * 2.0, mtf.convert_to_shape(new)))
+    counters = dict(mtf.Lowering(graph, {mtf_mesh: impl}).counters)
+  assert cost_model.graph_cost(graph, mesh, rules).collectives == (
+      _collectives(counters))
