@@ -77,7 +77,8 @@ def _binary(tmp_path, *flags, mock_tfds=False, **kwargs):
 
 
 def _flags(key, tmp_path):
-  """The flags of a README block of flags, /data/ moved into tmp_path."""
+  """The flags of a README (or docs/) block of flags, /data/ moved into
+  tmp_path."""
   text = block(key).replace("/data/", f"{tmp_path / 'data'}/")
   return shlex.split(text.replace("\\\n", " "))
 
@@ -237,6 +238,8 @@ def test_translation_from_tfds_with_sentencepiece(tmp_path):
 
 
 def test_language_model_from_tfds(tmp_path):
+  """The lm1b lines the README's "Other data" leaves to
+  docs/transformer_binary.md."""
   _sentencepiece_model(tmp_path / "data")
   result = _binary(tmp_path, *_flags(
       "dataset.untokenized_tfds_dataset.dataset_name = 'lm1b'", tmp_path),
@@ -295,9 +298,9 @@ def test_pipelined_bitransformer_gin_lines(tmp_path):
 
 def test_auto_mesh_shape_and_layout(tmp_path):
   """mesh_shape and layout_rules 'auto' (the README's two settings in one
-  run), on 4 mesh devices as the README advises on a CPU-only machine,
-  with the default objective: the machine is measured first, into an
-  empty ~/.cache."""
+  run), on 4 mesh devices as docs/auto_layout.md advises on a CPU-only
+  machine, with the default objective: the machine is measured first, into
+  an empty ~/.cache."""
   result = _binary(
       tmp_path, "--gin_param=utils.run.mesh_shape = 'auto'",
       "--gin_param=utils.run.layout_rules = 'auto'",

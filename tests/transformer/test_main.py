@@ -277,16 +277,23 @@ def test_gin_file_lookup_order(tmp_path):
 
 
 def _readme_gin_params():
-  """The --gin_param bindings of the README's "Other data" commands."""
-  text = (ROOT / "README.md").read_text()
-  section = text[text.index("**Other data.**"):
-                 text.index("**Checkpoints of the original**")]
-  return re.findall(r'--gin_param="([^"]+)"', section)
+  """The --gin_param bindings of the README's "Other data" commands and of
+  docs/transformer_binary.md's (the language model on lm1b)."""
+  params = []
+  for path, start, end in (
+      ("README.md", "**Other data.**", "**Checkpoints of the original**"),
+      ("docs/transformer_binary.md", "\n## Other data\n", "\n## ")):
+    text = (ROOT / path).read_text()
+    begin = text.index(start)
+    section = text[begin:text.index(end, begin + len(start))]
+    params += re.findall(r'--gin_param="([^"]+)"', section)
+  return params
 
 
 def test_readme_dataset_bindings_parse():
   params = _readme_gin_params()
   assert len(params) >= 8
+  assert "utils.run.model_type = 'lm'" in params
   gin.clear_config()
   try:
     gin.parse_config_file(os.path.join(utils.gin_dir(), "defaults.gin"))
