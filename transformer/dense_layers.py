@@ -14,6 +14,21 @@ from mesh_tensorflow.transformer import transformer
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
 
 
+def length_shared_dropout(x, context, dropout_rate):
+  """Dropout of x in training, its mask shared along the length dimension.
+
+  One mask per example and unit, as the original's feed-forward and
+  mixture-of-softmaxes layers drop; x itself outside training or at rate 0.
+  """
+  if not context.train or dropout_rate == 0.0:
+    return x
+  noise_shape = x.shape
+  if context.length_dim in noise_shape.dims:
+    noise_shape -= context.length_dim
+  return mtf.dropout(x, context.train, keep_prob=1.0 - dropout_rate,
+                     noise_shape=noise_shape)
+
+
 @gin.configurable(module=_GIN_MODULE)
 class DenseReluDense(transformer.TransformerLayer):
   """Two dense layers with an activation between them (the Transformer FFN).
@@ -51,13 +66,7 @@ class DenseReluDense(transformer.TransformerLayer):
         activation_functions=self.activation, use_bias=self.use_bias,
         variable_dtype=context.variable_dtype, name="wi",
         expert_dims=context.model.ensemble_dims)
-    if context.train and self.dropout_rate != 0.0:
-      # The original broadcasts the mask along the length dimension.
-      noise_shape = h.shape
-      if context.length_dim in noise_shape.dims:
-        noise_shape -= context.length_dim
-      h = mtf.dropout(h, context.train, keep_prob=1.0 - self.dropout_rate,
-                      noise_shape=noise_shape)
+    h = length_shared_dropout(h, context, self.dropout_rate)
     return mtf.layers.dense(
         h, io_dim, use_bias=self.use_bias, activation=None,
         variable_dtype=context.variable_dtype,

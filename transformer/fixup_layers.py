@@ -32,6 +32,7 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import dense_layers
 from mesh_tensorflow.transformer import seeded_initializers
 from mesh_tensorflow.transformer import self_attention_layers
 from mesh_tensorflow.transformer import transformer
@@ -267,12 +268,7 @@ class DenseReluDenseFixup(transformer.TransformerLayer):
         variable_dtype=context.variable_dtype, name="wi",
         kernel_initializer=self.upproject_initializer,
         expert_dims=context.model.ensemble_dims)
-    if context.train and self.dropout_rate != 0.0:
-      noise_shape = h.shape
-      if context.length_dim in noise_shape.dims:
-        noise_shape -= context.length_dim
-      h = mtf.dropout(h, context.train, keep_prob=1.0 - self.dropout_rate,
-                      noise_shape=noise_shape)
+    h = dense_layers.length_shared_dropout(h, context, self.dropout_rate)
     h += _as_scalar(get_single_scalar_bias(x, "shift"))
     return mtf.layers.dense(
         h, io_channels, use_bias=self.use_bias, activation=None,

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.randomness import tf_initializers
+from mesh_tensorflow.transformer import dense_layers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.vocab_embeddings"
@@ -360,13 +361,8 @@ class Mixtape(_ContextMixture):
                        (1 - g0) * (1 - g2)], self._gates_dim.name)
 
   def _dropout(self, tensor, context):
-    if context.train and self._dropout_rate != 0.0:
-      noise_shape = tensor.shape
-      if context.length_dim in noise_shape.dims:
-        noise_shape -= context.length_dim
-      return mtf.dropout(tensor, context.train, 1.0 - self._dropout_rate,
-                         noise_shape=noise_shape)
-    return tensor
+    return dense_layers.length_shared_dropout(tensor, context,
+                                              self._dropout_rate)
 
   def _rearrange_sentinels(self, logits):
     """Moves the first `extra_ids` entries (the sentinels, treated as
