@@ -239,6 +239,30 @@ def _memory_name(dim):
   return "memory_" + dim.name
 
 
+def _spatial_blocks_qkv(query_antecedent, heads, kv_channels, master_dtype,
+                        slice_dtype, blocks_dims, block_dims):
+  """(q, k, v, wo) of self-attention within spatial blocks, before halos.
+
+  The memory is the query with each dimension of `block_dims` (the
+  positions inside a block) renamed "memory_" + its name. q is [batch,
+  heads, blocks_dims..., block_dims..., kv_channels]; k and v have the
+  memory's dimensions in place of block_dims.
+  """
+  wq, wk, wv, wo = attention_layers.layer_attention_vars(
+      query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
+  memory = query_antecedent
+  for dim in block_dims:
+    memory = mtf.rename_dimension(memory, dim.name, _memory_name(dim))
+  memory_dims = [memory.shape.get_dim_by_name(_memory_name(dim))
+                 for dim in block_dims]
+  blocks = [query_antecedent.shape.dims[0], heads] + blocks_dims
+  q, k, v = attention_layers.project_qkv(
+      wq, wk, wv, query_antecedent, memory,
+      mtf.Shape(blocks + block_dims + [kv_channels]),
+      mtf.Shape(blocks + memory_dims + [kv_channels]))
+  return q, k, v, wo
+
+
 def local_self_attention_spatial_blocks(
     query_antecedent, kv_channels, heads, is_training=False,
     memory_w_dim=None, mask_right=False, master_dtype=tf.float32,
@@ -273,20 +297,14 @@ def local_self_attention_spatial_blocks(
         f"local_self_attention_spatial_blocks: query_antecedent "
         f"{query_antecedent.shape} must be [batch, num_w_blocks, w_dim, "
         "io_channels].")
-  batch, num_w_blocks, w_dim, _ = query_antecedent.shape.dims
+  _, num_w_blocks, w_dim, _ = query_antecedent.shape.dims
   mesh = query_antecedent.mesh
   with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = attention_layers.layer_attention_vars(
-        query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
-    memory = mtf.rename_dimension(query_antecedent, w_dim.name,
-                                  _memory_name(w_dim))
-    memory_w_dim = memory.shape.dims[-2]
-    blocks = [batch, heads, num_w_blocks]
-    q, k, v = attention_layers.project_qkv(
-        wq, wk, wv, query_antecedent, memory,
-        mtf.Shape(blocks + [w_dim, kv_channels]),
-        mtf.Shape(blocks + [memory_w_dim, kv_channels]))
+    q, k, v, wo = _spatial_blocks_qkv(
+        query_antecedent, heads, kv_channels, master_dtype, slice_dtype,
+        [num_w_blocks], [w_dim])
+    memory_w_dim = k.shape.dims[-2]
     k, v = local_1d_halo_exchange(k, v, num_w_blocks, memory_w_dim,
                                   mask_right)
     mask = None
@@ -385,21 +403,15 @@ def local_2d_self_attention_spatial_blocks(
   mesh = query_antecedent.mesh
   with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
-    wq, wk, wv, wo = attention_layers.layer_attention_vars(
-        query_antecedent, heads, kv_channels, master_dtype, slice_dtype)
-    memory = mtf.rename_dimension(query_antecedent, h_dim.name,
-                                  _memory_name(h_dim))
-    memory = mtf.rename_dimension(memory, w_dim.name, _memory_name(w_dim))
-    memory_h_dim, memory_w_dim = memory.shape.dims[-3:-1]
-    blocks = [batch, heads, num_h_blocks, num_w_blocks]
-    q, k, v = attention_layers.project_qkv(
-        wq, wk, wv, query_antecedent, memory,
-        mtf.Shape(blocks + [h_dim, w_dim, kv_channels]),
-        mtf.Shape(blocks + [memory_h_dim, memory_w_dim, kv_channels]))
+    q, k, v, wo = _spatial_blocks_qkv(
+        query_antecedent, heads, kv_channels, master_dtype, slice_dtype,
+        [num_h_blocks, num_w_blocks], [h_dim, w_dim])
+    memory_h_dim, memory_w_dim = k.shape.dims[-3:-1]
     k, v = local_2d_halo_exchange(k, v, num_h_blocks, memory_h_dim,
                                   num_w_blocks, memory_w_dim, mask_right)
     # One memory dimension over both memory axes, for one softmax.
     memory_h_dim, memory_w_dim = k.shape.dims[-3:-1]
+    blocks = [batch, heads, num_h_blocks, num_w_blocks]
     memory_dim = mtf.Dimension(
         f"memory_{h_dim.name}_{w_dim.name}",
         memory_h_dim.size * memory_w_dim.size)
