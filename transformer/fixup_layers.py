@@ -337,12 +337,8 @@ def sublayer_fixup_scale(x, layer_stack, context):
   A sublayer (see `transformer.LayerStack`), put after a Fixup layer.
   """
   del layer_stack
-  dim = mtf.Dimension("single_scale", 1)
-  fixup_weight = mtf.get_variable(
-      x.mesh, "fixup_scale_weight", shape=mtf.Shape([dim]),
-      dtype=context.variable_dtype,
-      initializer=tf.constant_initializer(1.0))
-  return x * _as_scalar(fixup_weight)
+  return x * _sublayer_scalar(x, context, "fixup_scale_weight",
+                              "single_scale", tf.constant_initializer(1.0))
 
 
 @gin.configurable(module=_GIN_MODULE)
@@ -352,12 +348,16 @@ def sublayer_fixup_shift(x, layer_stack, context):
   A sublayer (see `transformer.LayerStack`), put before a Fixup layer.
   """
   del layer_stack
-  dim = mtf.Dimension("single_bias", 1)
-  fixup_bias = mtf.get_variable(
-      x.mesh, "fixup_bias", shape=mtf.Shape([dim]),
-      dtype=context.variable_dtype,
-      initializer=tf.zeros_initializer())
-  return x + _as_scalar(fixup_bias)
+  return x + _sublayer_scalar(x, context, "fixup_bias", "single_bias",
+                              tf.zeros_initializer())
+
+
+def _sublayer_scalar(x, context, name, dim_name, initializer):
+  """A sublayer's trainable scalar: the variable `name` [dim_name:1]."""
+  variable = mtf.get_variable(
+      x.mesh, name, shape=mtf.Shape([mtf.Dimension(dim_name, 1)]),
+      dtype=context.variable_dtype, initializer=initializer)
+  return _as_scalar(variable)
 
 
 def _as_scalar(t):
