@@ -427,25 +427,23 @@ def make_bitransformer(input_vocab_size=gin.REQUIRED,
   Returns:
     a `bitransformer_cls`.
   """
-  with gin.config_scope("encoder"):
-    encoder = unitransformer.Unitransformer(
-        layer_stack=layer_stack.make_layer_stack(),
-        input_vocab_size=input_vocab_size,
-        output_vocab_size=None,
-        autoregressive=False,
-        name=encoder_name,
-        layout=layout,
-        mesh_shape=mesh_shape)
-  with gin.config_scope("decoder"):
-    decoder = unitransformer.Unitransformer(
-        layer_stack=layer_stack.make_layer_stack(),
-        input_vocab_size=output_vocab_size,
-        output_vocab_size=output_vocab_size,
-        autoregressive=True,
-        name=decoder_name,
-        layout=layout,
-        mesh_shape=mesh_shape)
-  return bitransformer_cls(encoder, decoder)
+
+  def unitransformer_in(scope, name, input_size, output_size, autoregressive):
+    with gin.config_scope(scope):
+      return unitransformer.Unitransformer(
+          layer_stack=layer_stack.make_layer_stack(),
+          input_vocab_size=input_size,
+          output_vocab_size=output_size,
+          autoregressive=autoregressive,
+          name=name,
+          layout=layout,
+          mesh_shape=mesh_shape)
+
+  return bitransformer_cls(
+      unitransformer_in("encoder", encoder_name, input_vocab_size, None,
+                        False),
+      unitransformer_in("decoder", decoder_name, output_vocab_size,
+                        output_vocab_size, True))
 
 
 @gin.configurable(module=_MODULE)
