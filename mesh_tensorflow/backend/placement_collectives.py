@@ -262,16 +262,8 @@ def alltoall_ring(xs, devices, split_axis, concat_axis):
   Member i sends the pieces for the members 1, 2, ... hops ahead of it as
   one message forwards around the ring, and the pieces for those behind it
   as one message backwards; at every hop a member keeps the first piece of
-  the message it receives (its own) and passes on the rest.
-
-  Args:
-    xs: n tf.Tensors of one static shape; `split_axis` divides by n.
-    devices: n device strings.
-    split_axis: the axis to split on.
-    concat_axis: the axis to concatenate on.
-
-  Returns:
-    n tf.Tensors, the i-th on devices[i].
+  the message it receives (its own) and passes on the rest. The arguments
+  and result are `alltoall_pointtwise`'s; the shape must be static.
   """
   n = len(xs)
   ahead = (n - 1) // 2  # Pieces travelling forwards (to i+1, ..., i+ahead).
