@@ -137,14 +137,12 @@ def build_model(model_type="bitransformer",
   Raises:
     ValueError: for an unknown model_type.
   """
-  if model_type == "bitransformer":
-    return transformer.make_bitransformer(
-        input_vocab_size=input_vocab_size,
-        output_vocab_size=output_vocab_size,
-        mesh_shape=mesh_shape,
-        layout=layout_rules)
-  if model_type == "bi_student_teacher":
-    return transformer.make_bi_student_teacher(
+  make_encoder_decoder = {
+      "bitransformer": transformer.make_bitransformer,
+      "bi_student_teacher": transformer.make_bi_student_teacher,
+  }.get(model_type)
+  if make_encoder_decoder is not None:
+    return make_encoder_decoder(
         input_vocab_size=input_vocab_size,
         output_vocab_size=output_vocab_size,
         mesh_shape=mesh_shape,
