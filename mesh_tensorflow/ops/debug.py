@@ -109,7 +109,8 @@ class ScalarSummaryOperation(graph_lib.Operation):
     lowering.set_tensor_lowering(self._outputs[0], lowering.tensors[x])
 
 
-# It exports (reduces) its input and passes it on.
+# It exports its input and passes it on: one op, no slice work (the export's
+# collectives on SimdMeshImpl are not modelled).
 cost_rules.register(ScalarSummaryOperation, cost_rules.NO_WORK)
 
 
