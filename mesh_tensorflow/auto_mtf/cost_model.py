@@ -77,9 +77,6 @@ from typing import Tuple
 
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import cost_rules
-from mesh_tensorflow.ops import stacking
-from mesh_tensorflow.ops import variables
-from mesh_tensorflow.strategies import pipelining
 
 Collective = cost_rules.Collective
 
@@ -266,31 +263,6 @@ class _Context:
         state = ()  # Reduced when made.
     self.memo[t] = state
     return state
-
-
-# ------------------------------------- rules not yet beside their lowering
-
-# The modules of these operations are being reorganised (ops/variables.py,
-# ops/stacking.py, strategies/pipelining.py): their rules move there next.
-
-cost_rules.register(variables.Variable, cost_rules.NO_WORK)
-# A pipeline's iteration marker hands its inputs on with no TF op.
-cost_rules.register(pipelining.PipelineIterationOperation,
-                    cost_rules.PassThroughCost())
-
-
-@cost_rules.rule_for(stacking.UnstackOperation)
-class _UnstackCost(cost_rules.AlongDimensionCost):
-  """unstack along a split dimension all-concatenates it first."""
-
-  def dimension(self, info):
-    # The unstacked dimension is the input's one the outputs lack.
-    return next(d for d in info.in_dims[0] if d not in info.out_dims[0])
-
-  def collectives_along(self, info, layout, mesh_dim):
-    return [cost_rules.collective(
-        layout, "allconcat", (mesh_dim,),
-        cost_rules.slice_bytes(layout, info.in_dims[0], info.in_itemsize[0]))]
 
 
 # -------------------------------------------------------------- public API

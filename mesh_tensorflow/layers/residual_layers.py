@@ -21,6 +21,7 @@ from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.gradients import gradients as mtf_gradients
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import constants
+from mesh_tensorflow.ops import cost_rules
 
 __all__ = [
     "ReversibleHalfResidualOperation",
@@ -233,3 +234,8 @@ def summary_for_clip_activation_gradient(t, name, batch_dims=None):
     return [dt]
 
   return mtf.custom_gradient(mtf.identity, grad_fn, [t])
+
+
+# Priced as the slicewise work of its own outputs; the operations of f it
+# runs are those of the graph, priced themselves.
+cost_rules.register(ReversibleHalfResidualOperation, cost_rules.SLICEWISE)

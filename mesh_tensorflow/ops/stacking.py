@@ -19,6 +19,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import constants
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import slicing
 
 __all__ = [
@@ -206,3 +207,22 @@ class UnstackOperation(graph_lib.Operation):
       values = (values,)
     for t, v in zip(self._outputs, values):
       lowering.set_tensor_lowering(t, v)
+
+
+# split works along an unsplit dimension and stack adds a new one: local.
+cost_rules.register(SplitOperation, cost_rules.SLICEWISE)
+cost_rules.register(StackOperation, cost_rules.SLICEWISE)
+
+
+@cost_rules.rule_for(UnstackOperation)
+class _UnstackCost(cost_rules.AlongDimensionCost):
+  """unstack along a split dimension all-concatenates it first."""
+
+  def dimension(self, info):
+    # The unstacked dimension is the input's one the outputs lack.
+    return next(d for d in info.in_dims[0] if d not in info.out_dims[0])
+
+  def collectives_along(self, info, layout, mesh_dim):
+    return [cost_rules.collective(
+        layout, "allconcat", (mesh_dim,),
+        cost_rules.slice_bytes(layout, info.in_dims[0], info.in_itemsize[0]))]

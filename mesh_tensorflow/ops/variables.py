@@ -12,6 +12,7 @@ from mesh_tensorflow import extensions
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.storage import variable_store
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import reshapes
 
 
@@ -518,3 +519,10 @@ def _group(ops):
   if tf.executing_eagerly():
     return None
   return tf.group(*ops) if ops else tf.no_op()
+
+
+# A variable's value is its slices (no work); reads and assignments are
+# each processor's own.
+cost_rules.register(Variable, cost_rules.NO_WORK)
+cost_rules.register(ReadVariable, cost_rules.SLICEWISE)
+cost_rules.register(Assign, cost_rules.SLICEWISE)

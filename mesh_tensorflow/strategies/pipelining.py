@@ -59,6 +59,7 @@ from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import contractions
 from mesh_tensorflow.ops import control_flow
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import reduce as reduce_lib
 from mesh_tensorflow.ops import reshapes
 from mesh_tensorflow.ops import shifts
@@ -415,3 +416,7 @@ def pipeline(stage_fn, inputs, stage_dim, num_microbatches, batch_dim=None,
     y = reduce_lib.reduce_sum(last_slot, reduced_dim=stage_dim)
     outputs.append(reshapes.reshape(y, x.shape))
   return outputs[0] if single else outputs
+
+
+# The iteration marker hands its inputs on with no TF op.
+cost_rules.register(PipelineIterationOperation, cost_rules.PassThroughCost())
