@@ -376,7 +376,7 @@ class SelfAttention(transformer.TransformerLayer):
     """The learned bias of each head for each relative-position bucket."""
     buckets_dim = mtf.Dimension(
         "buckets", self.relative_attention_num_buckets)
-    rp_bucket = _relative_position_bucket(
+    rp_bucket = relative_position_bucket(
         relative_position,
         bidirectional=not context.model.fully_autoregressive,
         num_buckets=buckets_dim.size)
@@ -430,7 +430,7 @@ class SelfAttention(transformer.TransformerLayer):
     return attention.attention
 
 
-def _relative_position_bucket(relative_position,
+def relative_position_bucket(relative_position,
                               bidirectional=True,
                               num_buckets=32,
                               max_distance=128):
@@ -556,7 +556,7 @@ def enc_dec_attention_bias(layer,
     values = _relative_bias_variable(
         context, "enc_dec_relative_attention_bias", heads_dims + [buckets_dim],
         shared_key)
-    rp_bucket = _relative_position_bucket(
+    rp_bucket = relative_position_bucket(
         relative_position_fn(context), bidirectional=True,
         num_buckets=buckets_dim.size)
     biases.append(mtf.gather(values, rp_bucket, buckets_dim))

@@ -42,7 +42,7 @@ from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.transformer import moe
 # T5's relative position buckets, which BERT's relative configs use too.
-from mesh_tensorflow.transformer.self_attention_layers import _relative_position_bucket  # pylint: disable=protected-access
+from mesh_tensorflow.transformer.self_attention_layers import relative_position_bucket
 
 # Google's BERT JSON keys -> BertConfig parameters.
 _GOOGLE_KEYS = {
@@ -156,9 +156,11 @@ class BertConfig:
     self.type_vocab_size = type_vocab_size
     self.initializer_range = initializer_range
     self.moe_group_size = moe_group_size
-    self._validate()
+    self.validate()
 
-  def _validate(self):
+  def validate(self):
+    """Raises ValueError naming a position signal, residual structure or
+    layer type this BertConfig does not know."""
     if self.position_signal not in _POSITION_SIGNALS:
       raise ValueError(
           f"BertConfig: unknown position_signal {self.position_signal!r}; "
@@ -186,7 +188,7 @@ class BertConfig:
     for key, value in json_object.items():
       setattr(config, _GOOGLE_KEYS.get(key, key), value)
     config.block_layers = _as_layer_list(config.block_layers)
-    config._validate()  # pylint: disable=protected-access
+    config.validate()
     return config
 
   @classmethod
@@ -347,7 +349,7 @@ class BertModel:
       biases.append((1.0 - mtf.to_float(memory_mask)) * -10000.0)
     if self.config.position_signal == "relative_attention_bias":
       buckets_dim = mtf.Dimension("buckets", 32)
-      rp_bucket = _relative_position_bucket(
+      rp_bucket = relative_position_bucket(
           mtf.range(mesh, self.memory_seq_dim, tf.int32)
           - mtf.range(mesh, self.seq_dim, tf.int32),
           num_buckets=buckets_dim.size)

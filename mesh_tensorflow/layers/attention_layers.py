@@ -335,7 +335,8 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
     return mtf.einsum([o, wo], query_antecedent.shape)
 
 
-def _as_step(mesh, step_num):
+def as_step(mesh, step_num):
+  """`step_num` as an int32 mtf scalar (an int or one already)."""
   if isinstance(step_num, mtf.Tensor):
     return step_num
   return mtf.constant(mesh, step_num, mtf.Shape([]), dtype=tf.int32)
@@ -366,7 +367,7 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
   batch_dims = query_antecedent.shape.dims[:-1]
   heads, memory_length, kv_channels = prev_k.shape.dims[-3:]
   mesh = query_antecedent.mesh
-  step_num = _as_step(mesh, step_num)
+  step_num = as_step(mesh, step_num)
   with layer_helpers.variable_scope(
       mesh, name, "multihead_attention"):
     wq, wk, wv, wo = layer_attention_vars(

@@ -10,8 +10,6 @@ in_channels, out_channels]; transposed-convolution filters are
 [spatial..., out_channels, in_channels], as in `tf.nn.conv2d_transpose`.
 """
 
-import tensorflow as tf
-
 import mesh_tensorflow as mtf
 from mesh_tensorflow.layers import conv_layers
 

@@ -162,8 +162,7 @@ def masked_local_attention_1d_incremental(x, prev_k, prev_v, step_num,
   """
   batch_dims = x.shape.dims[:-1]
   heads, window_length, kv_channels = prev_k.shape.dims[-3:]
-  step_num = attention_layers._as_step(  # pylint: disable=protected-access
-      x.mesh, step_num)
+  step_num = attention_layers.as_step(x.mesh, step_num)
   with layer_helpers.variable_scope(
       x.mesh, name, "masked_local_attention_1d"):
     q, k, v, wo = _self_attention_qkvo(

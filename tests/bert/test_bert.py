@@ -335,7 +335,7 @@ def test_relative_position_buckets():
     rel = mtf_testing.import_array(mesh, positions,
                                    [mtf.Dimension("pos", positions.size)])
     # pylint: disable=protected-access
-    return {"bucket": bert._relative_position_bucket(rel)}, None, {}
+    return {"bucket": bert.relative_position_bucket(rel)}, None, {}
 
   results, _ = mtf_testing.run_program("all:1", "", "eager", build,
                                        fetch_variables=False)
