@@ -440,6 +440,17 @@ def _assignment_from_rules(mesh_sizes, layout_rules, graph):
   return assignment
 
 
+def counted_collectives(counters):
+  """{(kind, mesh dims): {"calls", "wire_bytes"}} of a Lowering's counters:
+  what `graph_cost(...).collectives` predicts, as the lowering counted it."""
+  result = {}
+  for key, value in counters.items():
+    parts = key.split("/")
+    if parts[0] == "comm" and parts[3] in ("calls", "wire_bytes"):
+      result.setdefault((parts[1], parts[2]), {})[parts[3]] = value
+  return result
+
+
 def graph_cost(mtf_graph, mesh_shape, layout_rules):
   """The GraphCost of `mtf_graph` on `mesh_shape` under `layout_rules`
   (an mtf.LayoutRules or a string like "batch:b;d_ff:m")."""

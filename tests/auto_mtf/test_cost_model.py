@@ -200,17 +200,6 @@ def _lowered(case, impl_name):
   return _LOWERED[key]
 
 
-def _counted_collectives(counters):
-  """{(kind, mesh dims): {"calls", "wire_bytes"}} from a Lowering's
-  counters."""
-  result = {}
-  for key, value in counters.items():
-    parts = key.split("/")
-    if parts[0] == "comm" and parts[3] in ("calls", "wire_bytes"):
-      result.setdefault((parts[1], parts[2]), {})[parts[3]] = value
-  return result
-
-
 def _case_id(case):
   return "-".join(c.replace(";", "_").replace(":", "") for c in case[:4])
 
@@ -225,7 +214,7 @@ def _lowering_cases():
 def test_collectives_equal_the_lowerings_counters(case, impl_name):
   _, mesh_shape, layout, _, _ = case
   graph, counters = _lowered(case, impl_name)
-  want = _counted_collectives(counters)
+  want = cost_model.counted_collectives(counters)
   assert want, "the layout should communicate"
   got = cost_model.graph_cost(graph, mesh_shape, layout).collectives
   assert got == want

@@ -82,17 +82,6 @@ def test_rules_are_found_through_the_mro():
     cost_rules.register(Registered, cost_rules.SLICEWISE)
 
 
-def _collectives(counters):
-  """{(kind, mesh dims): {"calls", "wire_bytes"}} of a Lowering's
-  counters."""
-  result = {}
-  for key, value in counters.items():
-    parts = key.split("/")
-    if parts[0] == "comm" and parts[3] in ("calls", "wire_bytes"):
-      result.setdefault((parts[1], parts[2]), {})[parts[3]] = value
-  return result
-
-
 @pytest.mark.parametrize("old,new,rules,mesh", [
     # The same blocks of elements (both splits start at the first
     # element): local, though the split axes differ in size.
@@ -113,4 +102,4 @@ def test_a_reshape_costs_what_its_lowering_does(old, new, rules, mesh):
     mtf.reduce_sum(mtf.reshape(x * 2.0, mtf.convert_to_shape(new)))
     counters = dict(mtf.Lowering(graph, {mtf_mesh: impl}).counters)
   assert cost_model.graph_cost(graph, mesh, rules).collectives == (
-      _collectives(counters))
+      cost_model.counted_collectives(counters))
