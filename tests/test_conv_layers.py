@@ -134,6 +134,20 @@ LENGTH = mtf.Dimension("length", 8)
 X1 = _rand([8, 8, 3], 3)
 
 
+def test_conv1d_without_batch_dimensions_matches_keras():
+  """As the original's layers_test.testConv1d: [length, channels] only."""
+
+  def build(mesh):
+    x = _import(mesh, X1[0], [LENGTH, CIN])
+    y = conv_layers.conv1d(x, COUT, filter_size=3)
+    kernel = mesh.graph.trainable_variables[0].outputs[0]
+    return {"y": y, "kernel": kernel}, None, {}
+
+  got, _ = _run("all:1", "", "eager", build)
+  want = tf.nn.conv1d(X1[0][None], got["kernel"][0], 1, "SAME")[0]
+  np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("stride,padding", [(1, "SAME"), (2, "VALID")])
 @pytest.mark.parametrize("mesh_shape,layout,mode", _params(BATCH_LAYOUTS))
 def test_conv1d_matches_keras(mesh_shape, layout, mode, stride, padding):

@@ -47,10 +47,11 @@ def conv_filter(x, output_dim, filter_size, transpose, filter_initializer,
     raise mtf.ShapeError(
         f"{context} of {x.name} {x.shape}: filter_size {filter_size} must "
         f"have {rank} entries.")
-  if x.shape.ndims < rank + 2:
+  if x.shape.ndims < rank + 1:
+    # Batch dimensions are optional (the original's conv1d test has none).
     raise mtf.ShapeError(
-        f"{context} of {x.name} {x.shape}: the input needs batch, {rank} "
-        "spatial and a channels dimension.")
+        f"{context} of {x.name} {x.shape}: the input needs {rank} spatial "
+        "and a channels dimension.")
   if variable_dtype is None:
     variable_dtype = mtf.VariableDType(activation_dtype=x.dtype)
   spatial = [mtf.Dimension(n, s)
