@@ -442,6 +442,22 @@ class Operation:
   lower_in_name_scope = True
   # Whether Graph.clone_operations copies this operation (variables: no).
   cloneable = True
+  # Uneven splits (LayoutRules.allow_uneven): whether `lower` handles
+  # padded dimensions itself. If not, the Lowering gathers the padded
+  # dimensions whole around it (correct for any lowering, but it
+  # communicates); see Lowering.lower_operation.
+  handles_padding = False
+  # Whether `lower` leaves its outputs' padding zero when its inputs' is
+  # (a product, a sum); if not, the Lowering zeroes it afterwards, which
+  # keeps the invariant every padded lowering relies on.
+  padding_stays_zero = False
+
+  def handles_padding_of(self, padded_names):
+    """Whether `lower` is right with the dimensions named in `padded_names`
+    padded (`handles_padding` by default). Operations that mix values
+    along one dimension only need that one whole."""
+    del padded_names
+    return self.handles_padding
 
   def __init__(self, inputs, mesh=None, name=None):
     inputs = list(inputs)

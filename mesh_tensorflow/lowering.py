@@ -71,10 +71,14 @@ class Lowering:
       for annotation in op.annotations:
         scopes.enter_context(annotation.lowering_scope(op, self))
       if op.lower_in_name_scope:
-        with tf.name_scope(_scope_name(op.name)):
-          op.lower(self)
+        scopes.enter_context(tf.name_scope(_scope_name(op.name)))
+      padded_names = self._padded_names(op)
+      if padded_names and not op.handles_padding_of(padded_names):
+        self._lower_gathering(op, padded_names)
       else:
         op.lower(self)
+      if padded_names and not op.padding_stays_zero:
+        self._zero_padding(op)
     for t in op.outputs:
       if t not in self.tensors:
         continue
@@ -89,6 +93,50 @@ class Lowering:
       self.add_counter(f"compute/{kind}/ops", 1)
       self.add_counter(f"compute/{kind}/output_elements",
                        self.laid_out_size(t))
+
+  def _padded_names(self, op):
+    """Names of the dimensions split unevenly (padded) in `op`'s inputs or
+    outputs on its mesh."""
+    impl = self.mesh_to_impl.get(op.mesh)
+    if impl is None or not impl.layout_rules.allow_uneven:
+      return frozenset()
+    names = set()
+    for t in list(op.inputs) + list(op.outputs):
+      if self.mesh_to_impl.get(t.mesh) is impl:
+        names.update(t.shape.dims[a.tensor_axis].name
+                     for a in impl.padded_axes(t.shape))
+    return frozenset(names)
+
+  def _lower_gathering(self, op, names):
+    """Lowers `op`, whose lowering does not handle padding, with the
+    dimensions named in `names` gathered whole: its inputs are gathered
+    (their padding cut off), it is lowered as if they were replicated, and
+    its outputs are split (and padded) again. Correct for any operation, at
+    the cost of the gathering; operations that matter get their own padded
+    lowering (`Operation.handles_padding`)."""
+    impl = self.mesh_impl(op)
+    saved = {}
+    for t in set(op.inputs):
+      if t in self.tensors and self.mesh_to_impl.get(t.mesh) is impl:
+        saved[t] = self.tensors[t]
+        self.tensors[t] = impl.gather_dimensions(saved[t], t.shape, names)
+    try:
+      with impl.replicating(names):
+        op.lower(self)
+        produced = {t: self.tensors[t].to_laid_out_tensor()
+                    for t in op.outputs if t in self.tensors}
+    finally:
+      self.tensors.update(saved)
+    for t, value in produced.items():
+      self.tensors[t] = impl.split_dimensions(value, t.shape, names)
+
+  def _zero_padding(self, op):
+    """Zeroes the padding of `op`'s outputs (the lowering's invariant, see
+    `backend.padding`)."""
+    impl = self.mesh_impl(op)
+    for t in op.outputs:
+      if t in self.tensors and impl.padded_axes(t.shape):
+        self.tensors[t] = impl.fill_padding(self.tensors[t], t.shape)
 
   @contextlib.contextmanager
   def _counting(self):

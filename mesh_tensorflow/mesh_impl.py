@@ -18,9 +18,11 @@ along "cols".
 import contextlib
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow import errors
+from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import processors
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.backend import slice_utils
@@ -391,27 +393,135 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
   def slice_shape(self, tensor_shape):
     """The static shape of one slice of a tensor of `tensor_shape`.
 
+    A dimension split unevenly (allowed by `LayoutRules.allow_uneven`) has
+    slices of ceil(size / pieces); see `padded_axes`.
+
     Raises:
       IndivisibleError: a split dimension does not divide by its mesh
-        dimension.
+        dimension, and the layout rules do not allow uneven splits.
     """
     tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    allow_uneven = self._layout_rules.allow_uneven
     result = []
     for dim, mesh_axis in zip(tensor_shape, self.tensor_layout(tensor_shape)):
       if mesh_axis is None:
         result.append(dim.size)
         continue
       mesh_dim = self._shape[mesh_axis]
-      if dim.size % mesh_dim.size:
+      size = padding.slice_size(dim.size, mesh_dim.size, allow_uneven)
+      if size is None:
         raise errors.IndivisibleError(
             f"Tensor dimension {dim.name!r} (size {dim.size}) of "
             f"{tensor_shape} is split over mesh dimension {mesh_dim.name!r} "
             f"(size {mesh_dim.size}) by the rule {dim.name}:{mesh_dim.name}, "
             f"but {dim.size} is not divisible by {mesh_dim.size}. Use a size "
-            f"that is a multiple of {mesh_dim.size}, or a layout that leaves "
-            f"{dim.name!r} replicated.")
-      result.append(dim.size // mesh_dim.size)
+            f"that is a multiple of {mesh_dim.size}, a layout that leaves "
+            f"{dim.name!r} replicated, or allow uneven splits "
+            "(mtf.LayoutRules(rules, allow_uneven=True); in the Transformer "
+            "binary the gin binding `utils.run.allow_uneven_splits = True`), "
+            f"which pads {dim.name!r} to "
+            f"{-(-dim.size // mesh_dim.size) * mesh_dim.size}.")
+      result.append(size)
     return result
+
+  def padded_axes(self, tensor_shape):
+    """The PaddedAxis of each unevenly split axis of `tensor_shape`."""
+    tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    if not self._layout_rules.allow_uneven:
+      return []
+    result = []
+    for tensor_axis, (dim, mesh_axis) in enumerate(
+        zip(tensor_shape, self.tensor_layout(tensor_shape))):
+      if mesh_axis is None:
+        continue
+      pieces = self._shape[mesh_axis].size
+      if dim.size % pieces:
+        result.append(padding.PaddedAxis(
+            tensor_axis, mesh_axis, dim.size, -(-dim.size // pieces), pieces))
+    return result
+
+  def fill_padding(self, x, tensor_shape, fill=0, names=None):
+    """Laid-out `x` of `tensor_shape` with its padding set to `fill` (only
+    along the dimensions named in `names`, if given).
+
+    Padding is kept zero by the lowering (see `backend.padding`); operations
+    that need another neutral value there (a max, -inf) call this.
+    """
+    tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    axes = [a for a in self.padded_axes(tensor_shape)
+            if names is None or tensor_shape[a.tensor_axis].name in names]
+    x = x.to_laid_out_tensor()
+    if not axes:
+      return x
+    def fn(s, pnum):
+      return padding.fill_slice(s, axes, self._begins(tensor_shape, pnum),
+                                fill)
+    return self.slicewise(fn, x, self.laid_out_pnum())
+
+  def _begins(self, tensor_shape, pnum):
+    """slice_begin for an int pnum, or as int tensors for a tensor one."""
+    if isinstance(pnum, (int, np.integer)):
+      return self.slice_begin(tensor_shape, int(pnum))
+    slice_shape = self.slice_shape(tensor_shape)
+    begins = []
+    for tensor_axis, mesh_axis in enumerate(self.tensor_layout(tensor_shape)):
+      if mesh_axis is None:
+        begins.append(0)
+        continue
+      stride = shape_lib.list_product(
+          self._shape.to_integer_list[mesh_axis + 1:])
+      pcoord = (pnum // stride) % self._shape[mesh_axis].size
+      begins.append(pcoord * slice_shape[tensor_axis])
+    return begins
+
+  def gather_dimensions(self, x, tensor_shape, names):
+    """Laid-out `x` with the split dimensions named in `names` gathered
+    whole (and their padding cut off): its layout as if `names` were
+    replicated."""
+    tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    x = x.to_laid_out_tensor()
+    padded = {a.tensor_axis: a for a in self.padded_axes(tensor_shape)}
+    for tensor_axis, (dim, mesh_axis) in enumerate(
+        zip(tensor_shape, self.tensor_layout(tensor_shape))):
+      if mesh_axis is None or dim.name not in names:
+        continue
+      x = self.allconcat(x, mesh_axis, tensor_axis)
+      if tensor_axis in padded:
+        x = self.slicewise(
+            lambda s, a=tensor_axis, n=dim.size: padding.strip_axis(s, a, n),
+            x)
+    return x
+
+  def split_dimensions(self, x, tensor_shape, names):
+    """The inverse of gather_dimensions: laid-out `x`, whose dimensions
+    named in `names` are whole, split (and padded) as the layout says. No
+    communication."""
+    tensor_shape = shape_lib.convert_to_shape(tensor_shape)
+    x = x.to_laid_out_tensor()
+    slice_shape = self.slice_shape(tensor_shape)
+    for tensor_axis, (dim, mesh_axis) in enumerate(
+        zip(tensor_shape, self.tensor_layout(tensor_shape))):
+      if mesh_axis is None or dim.name not in names:
+        continue
+      full = slice_shape[tensor_axis] * self._shape[mesh_axis].size
+      if full != dim.size:
+        x = self.slicewise(
+            lambda s, a=tensor_axis, n=dim.size, m=full: padding.pad_axis(
+                s, a, n, m), x)
+      x = self.allsplit(x, mesh_axis, tensor_axis)
+    return x
+
+  @contextlib.contextmanager
+  def replicating(self, names):
+    """A context in which tensor dimensions named in `names` are laid out
+    replicated: how an operation whose lowering does not handle padding
+    is lowered on padded inputs (see Lowering.lower_operation)."""
+    previous = self._layout_rules
+    self._layout_rules = previous.without(names)
+    try:
+      yield
+    finally:
+      self._layout_rules = previous
 
   def slice_begin(self, tensor_shape, pnum):
     """Where processor `pnum`'s slice starts in the full tensor."""
@@ -774,9 +884,11 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
     return tf.einsum(equation, *slices)
 
   def make_slices(self, tf_tensor, tensor_shape):
-    """The slice of a full tensor for every processor (in pnum order)."""
+    """The slice of a full tensor for every processor (in pnum order);
+    padded with zeros where the split is uneven."""
     tensor_shape = shape_lib.convert_to_shape(tensor_shape)
     slice_shape = self.slice_shape(tensor_shape)
+    tf_tensor = padding.pad_full(tf_tensor, self.padded_axes(tensor_shape))
     by_begin = {}
     result = []
     for pnum in range(self.size):
@@ -810,7 +922,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
         blocks = {key: tf.concat(parts, axis=tensor_axis)
                   for key, parts in merged.items()}
       (result,) = blocks.values()
-    return result
+      return padding.strip_full(result, self.padded_axes(tensor_shape))
 
   def Print(self, x, data, message, **kwargs):  # pylint: disable=invalid-name
     """Returns laid-out x, printing `message` and the tf.Tensors `data` when

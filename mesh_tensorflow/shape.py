@@ -391,19 +391,25 @@ def tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim):
 
 
 def tensor_dim_to_size_per_split(layout, mesh_shape, tensor_dim):
-  """The size of each piece of `tensor_dim` under `layout` on `mesh_shape`.
+  """The size of each piece of `tensor_dim` under `layout` on `mesh_shape`
+  (ceil(size / pieces), padding included, when the rules allow uneven
+  splits).
 
   Raises:
-    IndivisibleError: the mesh dimension does not divide `tensor_dim`.
+    IndivisibleError: the mesh dimension does not divide `tensor_dim`, and
+      the rules do not allow uneven splits.
   """
   tensor_dim = convert_to_dimension(tensor_dim)
   pieces = tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim)
+  if convert_to_layout_rules(layout).allow_uneven:
+    return -(-tensor_dim.size // pieces)
   if tensor_dim.size % pieces:
     raise errors.IndivisibleError(
         f"Tensor dimension {tensor_dim.name!r} (size {tensor_dim.size}) does "
         f"not divide evenly into the {pieces} pieces of its mesh dimension "
         f"under layout {convert_to_layout_rules(layout)} on mesh "
-        f"{convert_to_shape(mesh_shape)}.")
+        f"{convert_to_shape(mesh_shape)} (LayoutRules(..., "
+        "allow_uneven=True) would pad it).")
   return tensor_dim.size // pieces
 
 
@@ -418,11 +424,24 @@ class LayoutRules(_Immutable):
   Example: on the mesh "rows:2;cols:4", the rules "batch:rows;hidden:cols"
   give a tensor [batch=8, hidden=16, io=3] slices [4, 4, 3]; processor
   (row r, col c) holds batch block r and hidden block c.
+
+  Uneven splits: by default a split dimension must be a multiple of its
+  mesh dimension (else lowering raises IndivisibleError). With
+  `allow_uneven=True` any size may be split: a dimension of size n over a
+  mesh dimension of size k is padded to ceil(n/k)*k and every processor
+  holds ceil(n/k) of it, the last ones partly (or wholly) padding. The
+  padding is kept zero and masked wherever it could change a result, so
+  the answer is the same as on one processor; it costs the padding's
+  memory and compute (see `padding_report`). E.g. a vocabulary of 259 over
+  "model:4" is held as 4 slices of 65, the last with one padded row.
+
+  `replicated_names` (keyword only) names tensor dimensions kept
+  replicated whatever the pairs or a shard name ("d_ff@batch") say.
   """
 
-  __slots__ = ("_pairs",)
+  __slots__ = ("_pairs", "_allow_uneven", "_replicated_names")
 
-  def __init__(self, pairs):
+  def __init__(self, pairs, allow_uneven=False, *, replicated_names=()):
     checked = []
     for pair in pairs:
       if (not isinstance(pair, (tuple, list)) or len(pair) != 2 or
@@ -443,6 +462,30 @@ class LayoutRules(_Immutable):
             f"mesh dimensions {mesh_dims}; a tensor dimension can be split "
             "over at most one mesh dimension.")
     self._init_field("_pairs", tuple(checked))
+    if not isinstance(allow_uneven, bool):
+      raise errors.LayoutError(
+          f"LayoutRules(allow_uneven={allow_uneven!r}): expected True or "
+          "False.")
+    self._init_field("_allow_uneven", allow_uneven)
+    self._init_field("_replicated_names", frozenset(replicated_names))
+
+  @property
+  def allow_uneven(self):
+    """Whether a dimension may be split over a mesh dimension that does not
+    divide its size (padded to the next multiple; see the class doc)."""
+    return self._allow_uneven
+
+  def with_uneven(self, allow_uneven=True):
+    """These rules, with uneven splits allowed (or not)."""
+    return LayoutRules(self._pairs, allow_uneven=allow_uneven,
+                       replicated_names=self._replicated_names)
+
+  def without(self, names):
+    """These rules with the tensor dimensions named in `names` replicated,
+    shard dimensions ("d_ff@batch") included."""
+    return LayoutRules([(t, m) for t, m in self._pairs if t not in names],
+                       allow_uneven=self._allow_uneven,
+                       replicated_names=self._replicated_names | set(names))
 
   @classmethod
   def replicated(cls):
@@ -465,13 +508,18 @@ class LayoutRules(_Immutable):
     return len(self._pairs)
 
   def __eq__(self, other):
-    return isinstance(other, LayoutRules) and set(self._pairs) == set(
-        other._pairs)
+    return (isinstance(other, LayoutRules) and
+            set(self._pairs) == set(other._pairs) and
+            self._allow_uneven == other._allow_uneven and
+            self._replicated_names == other._replicated_names)
 
   def __hash__(self):
-    return hash(frozenset(self._pairs))
+    return hash((frozenset(self._pairs), self._allow_uneven,
+                 self._replicated_names))
 
   def __repr__(self):
+    if self._allow_uneven:
+      return f"LayoutRules({self.to_string!r}, allow_uneven=True)"
     return "LayoutRules({!r})".format(self.to_string)
 
   @property
@@ -495,6 +543,8 @@ class LayoutRules(_Immutable):
     for t, m in self._pairs:
       if t == tensor_dim_name:
         return m
+    if tensor_dim_name in self._replicated_names:
+      return None
     _, mesh_dim = split_shard_dimension_name(tensor_dim_name)
     return mesh_dim
 

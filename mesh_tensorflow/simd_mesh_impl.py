@@ -41,6 +41,7 @@ from mesh_tensorflow.storage import checkpointing
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import placement_variables
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.backend import simd_collectives
@@ -431,6 +432,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     slice_shape = self.slice_shape(tensor_shape)
     if slice_shape == tensor_shape.to_integer_list:
       return LaidOutTensor([tf_tensor])
+    tf_tensor = padding.pad_full(tf_tensor, self.padded_axes(tensor_shape))
     begin = tf.stack([tf.cast(b, tf.int32)
                       for b in self._slice_begin_tensor(tensor_shape)])
     return LaidOutTensor([tf.slice(tf_tensor, begin, slice_shape)])
@@ -448,7 +450,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     for tensor_axis, mesh_axis in enumerate(layout):
       if mesh_axis is not None:
         laid_out_x = self.allconcat(laid_out_x, mesh_axis, tensor_axis)
-    return laid_out_x.one_slice
+    return padding.strip_full(laid_out_x.one_slice, self.padded_axes(shape))
 
   # --------------------------------------------------------------- random
 

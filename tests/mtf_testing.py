@@ -315,6 +315,7 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
                 for i, k in enumerate(sorted(float_outputs))}
 
   begins = {}
+  padded = {}
   # One mesh implementation, made outside any tf.function: it owns the
   # program's variables (a tf.function traces twice when it creates them).
   impl = make_impl(mode, mesh_shape, layout)
@@ -352,6 +353,7 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
     begins.update({k: [impl.slice_begin(v.shape, p)
                        for p in range(impl.size)]
                    for k, v in outputs.items()})
+    padded.update({k: impl.padded_axes(v.shape) for k, v in outputs.items()})
     return lowering, {"outputs": exported, "grads": exported_grads,
                       "slices": slices}
 
@@ -380,6 +382,8 @@ def check_op(build_fn, np_fn, inputs, mesh_shape, layout, mode,
       np.testing.assert_array_equal(got, want, err_msg=f"{where} output {k!r}")
     assert_replicas_agree(result["slices"][k], begins[k],
                           f"{where} output {k!r}")
+    assert_padding_is_zero(result["slices"][k], begins[k], padded[k],
+                           f"{where} output {k!r}")
   if grad_wrt:
     if np_grad_fn is not None:
       want_grads = np_grad_fn(cotangents, **arrays)
@@ -486,6 +490,20 @@ def assert_replicas_agree(slices, begins, what):
           f"{pnum} differ")
     else:
       first[key] = pnum
+
+
+def assert_padding_is_zero(slices, begins, padded_axes, what):
+  """The padding of unevenly split slices must be zero (False): the
+  invariant every padded lowering relies on (see backend/padding.py)."""
+  for pnum, (s, begin) in enumerate(zip(slices, begins)):
+    s = np.asarray(s)
+    for axis in padded_axes:
+      valid = max(0, min(axis.slice_size, axis.size - begin[axis.tensor_axis]))
+      pad = np.take(s, range(valid, axis.slice_size), axis=axis.tensor_axis)
+      assert not np.any(pad), (
+          f"{what}: processor {pnum} holds non-zero padding along axis "
+          f"{axis.tensor_axis} (positions {valid}..{axis.slice_size - 1} of "
+          f"its slice): {pad}")
 
 
 def layout_mode_params(dim_names, modes=MODES,

@@ -44,6 +44,8 @@ class AddOperation(comparisons.BinaryOpWithBroadcasting):
   """x1 + x2 (or x1 - x2 with `subtract`); keeps pending allreduces pending
   when it can."""
 
+  padding_stays_zero = True  # 0 + 0
+
   def __init__(self, x1, x2, output_shape=None, name=None, subtract=False):
     self._subtract = subtract
     super().__init__(tf.subtract if subtract else tf.add, x1, x2,
@@ -77,6 +79,8 @@ class MinMaxOperation(comparisons.BinaryOpWithBroadcasting):
   TensorFlow's Minimum/Maximum gradients do).
   """
 
+  padding_stays_zero = True  # max(0, 0)
+
   def __init__(self, tf_fn, x1, x2, output_shape=None, name=None):
     super().__init__(tf_fn, x1, x2, output_shape=output_shape,
                      name=name or "min_max")
@@ -95,6 +99,9 @@ class MinMaxOperation(comparisons.BinaryOpWithBroadcasting):
 
 class ScalarMultiplyOperation(graph_lib.Operation):
   """x * scalar, for a Python/NumPy scalar (no gradient to the scalar)."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, scalar, name=None):
     super().__init__([x], name=name or "scalar_mul")
@@ -124,6 +131,8 @@ cost_rules.register(ScalarMultiplyOperation, cost_rules.LinearCost())
 
 class ScalarAddOperation(graph_lib.Operation):
   """x + scalar, for a Python/NumPy scalar."""
+
+  handles_padding = True
 
   def __init__(self, x, scalar, name=None):
     super().__init__([x], name=name or "scalar_add")
@@ -234,6 +243,9 @@ def maximum(x1, x2, output_shape=None, name=None):
 class WhereOperation(graph_lib.Operation):
   """Element-wise choice between if_true and if_false by a bool condition."""
 
+  handles_padding = True
+  padding_stays_zero = True  # the condition's padding picks y's
+
   def __init__(self, condition, if_true, if_false, output_shape=None,
                name=None):
     super().__init__([condition, if_true, if_false], name=name or "where")
@@ -298,6 +310,9 @@ def where(condition, if_true, if_false, output_shape=None, name=None):
 
 class AddNOperation(graph_lib.Operation):
   """The sum of several tensors, broadcast by dimension name."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, xs, output_shape=None, name=None):
     super().__init__(xs, name=name or "add_n")

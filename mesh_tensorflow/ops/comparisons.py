@@ -79,6 +79,8 @@ class BinaryOpWithBroadcasting(graph_lib.Operation):
     name: an optional name.
   """
 
+  handles_padding = True
+
   def __init__(self, tf_fn, x1, x2, output_shape=None, output_dtype=None,
                name=None):
     super().__init__([x1, x2], name=name or "binary_op")

@@ -14,6 +14,9 @@ from mesh_tensorflow.ops import reshapes
 class ImportOperation(graph_lib.Operation):
   """Lays out a full tf.Tensor on the mesh."""
 
+  handles_padding = True
+  padding_stays_zero = True  # import_tf_tensor pads with zeros
+
   def __init__(self, mesh, tf_tensor, shape, name=None):
     super().__init__([], mesh=mesh, name=name or "import")
     tf_tensor = tf.convert_to_tensor(tf_tensor)
@@ -69,6 +72,8 @@ class ImportLaidOutTensorOperation(graph_lib.Operation):
   The slices are checked against the layout when the graph is lowered,
   before any TF op is created.
   """
+
+  handles_padding = True
 
   def __init__(self, mesh, laid_out_tensor, shape, name=None):
     super().__init__([], mesh=mesh, name=name or "import_laid_out_tensor")
@@ -155,6 +160,8 @@ def import_laid_out_tensor(mesh, laid_out_tensor, shape, name=None):
 class Constant(graph_lib.Operation):
   """A constant: a scalar broadcast to `shape`, or a full NumPy array."""
 
+  handles_padding = True
+
   def __init__(self, mesh, value, shape, dtype, name=None):
     super().__init__([], mesh=mesh, name=name or "constant")
     shape = shape_lib.convert_to_shape(shape)
@@ -213,6 +220,8 @@ def ones_like(t, name=None):
 
 class RangeOperation(graph_lib.Operation):
   """0, 1, ..., dim.size - 1 along one dimension."""
+
+  handles_padding = True
 
   def __init__(self, mesh, dim, dtype, name=None):
     super().__init__([], mesh=mesh, name=name or "range")

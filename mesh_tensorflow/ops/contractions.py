@@ -40,6 +40,11 @@ def _union_of_dims(shapes):
 class EinsumOperation(graph_lib.Operation):
   """Product of the inputs, summed over dimensions not in `output_shape`."""
 
+  # Padding is zero in every operand: a padded position contributes 0 to
+  # a sum over it, and is 0 in the output.
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, inputs, output_shape, name=None):
     super().__init__(inputs, name=name or "einsum")
     output_shape = shape_lib.convert_to_shape(output_shape)
@@ -70,11 +75,9 @@ class EinsumOperation(graph_lib.Operation):
     replicate = _dims_to_replicate(impl.tensor_dimension_to_mesh_axis,
                                    all_dims, out_shape)
     for i, x in enumerate(self._inputs):
-      for d in x.shape:
-        if d in replicate:
-          inputs[i] = impl.allconcat(
-              inputs[i].to_laid_out_tensor(),
-              impl.tensor_dimension_to_mesh_axis(d), x.shape.index(d))
+      gathered = {d.name for d in x.shape if d in replicate}
+      if gathered:
+        inputs[i] = impl.gather_dimensions(inputs[i], x.shape, gathered)
     reduced_mesh_axes = sorted({
         impl.tensor_dimension_to_mesh_axis(d) for d in all_dims
         if d not in out_shape and d not in replicate and

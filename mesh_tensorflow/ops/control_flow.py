@@ -42,6 +42,9 @@ class Depend(graph_lib.Operation):
       the ordering is dropped there and `x` passes through.
   """
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, x, dependencies, name=None, required=True):
     dependencies = list(dependencies)
     for d in dependencies:

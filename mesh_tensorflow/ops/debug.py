@@ -20,6 +20,9 @@ __all__ = [
 class PrintOperation(graph_lib.Operation):
   """Identity of x that prints the full values of `data` when x is used."""
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, x, data, message, name=None, **kwargs):
     super().__init__([x] + list(data), name=name or "Print")
     self._message = message

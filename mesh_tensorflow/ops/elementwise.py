@@ -132,6 +132,9 @@ class StopGradient(graph_lib.Operation):
   pending), with no TF op of its own.
   """
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, x, name=None):
     super().__init__([x], mesh=x.mesh, name=name or "stop_gradient")
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]

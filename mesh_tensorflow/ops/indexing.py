@@ -28,7 +28,7 @@ def _block_offset(impl, dim):
   mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
   if mesh_axis is None:
     return None, None
-  block = dim.size // impl.shape[mesh_axis].size
+  block = impl.slice_shape(shape_lib.Shape([dim]))[0]  # ceil if uneven
   offset = impl.slicewise(lambda c: c * block, impl.laid_out_pcoord(mesh_axis))
   return mesh_axis, offset
 
@@ -46,6 +46,10 @@ def _indices_axis_on(mesh_axis_of, indices_shape, mesh_axis):
 
 class OneHotOperation(graph_lib.Operation):
   """indices[...] -> one-hot vectors along `output_dim`."""
+
+  # Indices never point into the padding, so off_value lands there (and
+  # is zeroed afterwards).
+  handles_padding = True
 
   def __init__(self, indices, output_dim, on_value, off_value, dtype,
                name=None):
@@ -99,6 +103,9 @@ def _check_indices(indices, context):
 
 class GatherOperation(graph_lib.Operation):
   """output[i..., rest...] = weights[rest with dim = indices[i...]]."""
+
+  # Padded indices (zeros) look up row 0: the output's padding is zeroed.
+  handles_padding = True
 
   def __init__(self, weights, indices, dim, output_shape, name=None):
     super().__init__([weights, indices], name=name or "gather")

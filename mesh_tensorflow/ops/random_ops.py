@@ -125,6 +125,8 @@ class RandomOperation(graph_lib.Operation):
       seed that is not an int or integer tensor.
   """
 
+  handles_padding = True
+
   def __init__(self, mesh, shape, tf_fn, **kwargs):
     super().__init__([], mesh=mesh, name=kwargs.get("name") or "random")
     shape = shape_lib.convert_to_shape(shape)

@@ -14,6 +14,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import comparisons
 from mesh_tensorflow.ops import contractions
@@ -34,6 +35,10 @@ _ACROSS_MESH = {"SUM": "SUM", "MAX": "MAX", "MIN": "MIN", "ALL": "MIN",
 
 class ReduceOperation(graph_lib.Operation):
   """Reduces `x` to `output_shape` (a subset of its dimensions)."""
+
+  # Padded reduced dimensions hold the reduction's neutral value first.
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, output_shape, reduction_fn_string, name=None):
     if isinstance(reduction_fn_string, str):
@@ -84,6 +89,13 @@ class ReduceOperation(graph_lib.Operation):
         if d not in out_shape and
         impl.tensor_dimension_to_mesh_axis(d) is not None})
     x_lowered = lowering.tensors[x]
+    padded_reduced = [x.shape[a.tensor_axis].name
+                      for a in impl.padded_axes(x.shape)
+                      if x.shape[a.tensor_axis] not in out_shape]
+    if padded_reduced and self._reduction_fn_string not in ("SUM", "ANY"):
+      x_lowered = impl.fill_padding(
+          x_lowered, x.shape, names=padded_reduced,
+          fill=padding.neutral_value(x.dtype, self._reduction_fn_string))
     if (self._reduction_fn_string == "SUM" and
         isinstance(x_lowered, mesh_impl_lib.LazyAllreduceSum) and
         x_lowered.mesh_impl is impl and
@@ -252,6 +264,9 @@ def reduce_any(x, disable_positional_args=None, output_shape=None,
 class BroadcastOperation(graph_lib.Operation):
   """Broadcasts `x` to `output_shape`, which holds all of x's dimensions
   (in any order)."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, output_shape, name=None):
     super().__init__([x], name=name or "broadcast")

@@ -32,6 +32,9 @@ class SlicewiseOperation(graph_lib.Operation):
     name: an optional name.
   """
 
+  # Dimensions it may split are never mixed by tf_fn: padding is safe.
+  handles_padding = True
+
   def __init__(self, tf_fn, inputs, output_shapes, output_dtypes,
                splittable_dims, grad_function=None, name=None):
     super().__init__(inputs, name=name or "slicewise")
@@ -85,6 +88,8 @@ class GenericGradOperation(graph_lib.Operation):
   Correct for any slicewise function (slices are independent), but it
   re-runs the forward function inside a GradientTape.
   """
+
+  handles_padding = True
 
   def __init__(self, forward_op, grad_ys, name=None):
     self._forward_op = forward_op

@@ -35,6 +35,9 @@ class Variable(graph_lib.Operation):
   mtf.stack_layer_variables).
   """
 
+  handles_padding = True
+  padding_stays_zero = True  # stored padded with zeros
+
   lower_in_name_scope = False
   cloneable = False
   # Whether the mesh implementation stores it (a StackedVariable reads and
@@ -311,6 +314,9 @@ class ReadVariable(graph_lib.Operation):
       graph mode, where TF does not order a read after a write by itself).
   """
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, var, name=None, dependencies=()):
     super().__init__(var.outputs, name=name or "read_variable")
     self._var = var
@@ -378,6 +384,8 @@ class Assign(graph_lib.Operation):
   Several assignments with the same `assign_fn` may share one Assign, so
   that they are lowered (and later stacked) together.
   """
+
+  handles_padding = True
 
   def __init__(self, variables, new_values, assign_fn=assign_slice,
                name=None):

@@ -46,6 +46,7 @@ import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import padding
 
 Trackable = tf.__internal__.tracking.Trackable
 
@@ -141,6 +142,12 @@ class SlicedVariableNode(ScopeNode):
     block of this node's value, or None if it holds none of it."""
     begin = self._mesh_impl.slice_begin(self._stored_shape, pnum)
     size = self._mesh_impl.slice_shape(self._stored_shape)
+    # An uneven split's padding is not saved: the block is cut to the
+    # logical tensor (a slice of padding only has no block).
+    clipped = padding.clip_block(self._padded_axes(), begin, size)
+    if clipped is None:
+      return None
+    begin, size = clipped
     if self._row is None:
       return begin, size, None
     index = self._row - begin[0]
@@ -148,12 +155,19 @@ class SlicedVariableNode(ScopeNode):
       return None
     return begin[1:], size[1:], index
 
+  def _padded_axes(self):
+    return self._mesh_impl.padded_axes(self._stored_shape)
+
   def read_block(self, pnum):
-    """Processor `pnum`'s slice, in the master dtype, on its device."""
+    """Processor `pnum`'s block (its slice without padding), in the master
+    dtype, on its device."""
     with tf.device(self._devices[pnum]):
       value = self._storage.slice_value(pnum)
+      _, size, row = self._block(pnum)
       if self._row is not None:
-        value = value[self._block(pnum)[2]]
+        value = value[row]
+      if self._padded_axes():
+        value = tf.slice(value, [0] * len(size), size)
       return tf.cast(value, self._master_dtype)
 
   @property
@@ -162,10 +176,22 @@ class SlicedVariableNode(ScopeNode):
 
   def assign_block(self, pnum, value):
     with tf.device(self._devices[pnum]):
+      if self._padded_axes():
+        value = self._pad_block(value)
       if self._row is None:
         return self._storage.assign_slice(pnum, value)
       return self._storage.assign_slice_row(pnum, self._block(pnum)[2],
                                             value)
+
+  def _pad_block(self, value):
+    """A block cut to the logical tensor, padded back to the slice shape
+    with zeros."""
+    slice_shape = self._mesh_impl.slice_shape(self._stored_shape)
+    if self._row is not None:
+      slice_shape = slice_shape[1:]
+    block_shape = tf.shape(value)
+    return tf.pad(value, [[0, s - block_shape[i]]
+                          for i, s in enumerate(slice_shape)])
 
   def assign_full(self, value):
     """Gives every processor its slice of the full `value` (a NumPy array).
