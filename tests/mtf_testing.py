@@ -23,6 +23,10 @@ slices, which collectives) is checked eagerly, and what a mode changes
 (tracing, a compat-mode Session, static shapes) is checked on the layout
 that splits the most; the pair (mode, layout) adds nothing the two do not.
 tf.function and graph mode are ~40% of an op test's time.
+
+`uneven_layout_mode_params` chooses the same way among `uneven_layouts`
+(LayoutRules with allow_uneven=True, for sizes the mesh does not divide),
+tracing on the 2-D layout "b2m4".
 """
 
 import contextlib
@@ -519,12 +523,67 @@ def layout_mode_params(dim_names, modes=MODES,
   `modes` has "graph", also the layouts named in `v1_shapes_layouts` in
   V1_SHAPES_MODE.
   """
+  return _case_mode_params(
+      standard_layouts(dim_names), "standard", dim_names, modes,
+      v1_shapes_layouts, layouts, every_layout_modes, traced_mode_layouts)
+
+
+# uneven_layouts case ids that uneven_layout_mode_params runs in the
+# traced modes ("function", "graph", V1_SHAPES_MODE).
+UNEVEN_TRACED_MODE_LAYOUTS = ("b2m4",)
+
+
+def uneven_layouts(dim_names):
+  """(id, mesh shape, LayoutRules) cases splitting `dim_names` unevenly.
+
+  LayoutRules with allow_uneven=True, for tensors whose sizes the mesh
+  dimensions need not divide (issue 40 checks sizes 5, 7, 12 and 100):
+  `all:8` splitting each dimension in turn ("all8_<name>"); the 2-D meshes
+  `b:2;m:4` ("b2m4") and `b:4;m:2` ("b4m2") splitting the first dimension
+  over b and the second over m (a single dimension goes over m). Size 5
+  over 8 leaves three processors wholly padding; 7 over 4 pads the last
+  slice by one; 100 over 8 holds 13 per processor, the last 9 of them real.
+  """
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+
+  def rules(pairs):
+    return mtf.LayoutRules(pairs, allow_uneven=True)
+
+  cases = [(f"all8_{name}", "all:8", rules([(name, "all")]))
+           for name in dim_names]
+  if len(dim_names) >= 2:
+    pairs = [(dim_names[0], "b"), (dim_names[1], "m")]
+  else:
+    pairs = [(dim_names[0], "m")]
+  cases.append(("b2m4", "b:2;m:4", rules(pairs)))
+  cases.append(("b4m2", "b:4;m:2", rules(pairs)))
+  return cases
+
+
+def uneven_layout_mode_params(dim_names, modes=MODES,
+                              v1_shapes_layouts=UNEVEN_TRACED_MODE_LAYOUTS,
+                              layouts=None,
+                              every_layout_modes=EVERY_LAYOUT_MODES,
+                              traced_mode_layouts=UNEVEN_TRACED_MODE_LAYOUTS):
+  """pytest parameters (mesh_shape, layout, mode) over `uneven_layouts`.
+
+  As layout_mode_params chooses them: every uneven layout (or the case ids
+  in `layouts`) in "eager" and "simd", and "function", "graph" and
+  V1_SHAPES_MODE on the 2-D layout "b2m4" only.
+  """
+  return _case_mode_params(
+      uneven_layouts(dim_names), "uneven", dim_names, modes,
+      v1_shapes_layouts, layouts, every_layout_modes, traced_mode_layouts)
+
+
+def _case_mode_params(cases, kind, dim_names, modes, v1_shapes_layouts,
+                      layouts, every_layout_modes, traced_mode_layouts):
+  """layout_mode_params over (id, mesh shape, layout) `cases`."""
   import pytest  # pylint: disable=g-import-not-at-top
-  cases = standard_layouts(dim_names)
   if layouts is not None:
     unknown = set(layouts) - {case_id for case_id, _, _ in cases}
     if unknown:
-      raise ValueError(f"No standard layouts {sorted(unknown)} for "
+      raise ValueError(f"No {kind} layouts {sorted(unknown)} for "
                        f"dimensions {dim_names}")
     cases = [case for case in cases if case[0] in layouts]
   traced_cases = {case[0] for case in cases} & set(traced_mode_layouts)

@@ -125,3 +125,33 @@ def test_check_ops_names_the_failing_case(wrong, message):
                            wrong_gradient=(wrong == "gradient"))
   with pytest.raises(AssertionError, match=message):
     mtf_testing.check_ops(cases, "all:2", "a:all", "eager")
+
+
+def test_uneven_layouts_split_each_dimension_and_both_2d_meshes():
+  cases = {case_id: (mesh, layout) for case_id, mesh, layout
+           in mtf_testing.uneven_layouts(["a", "b"])}
+  assert list(cases) == ["all8_a", "all8_b", "b2m4", "b4m2"]
+  assert all(layout.allow_uneven for _, layout in cases.values())
+  assert cases["all8_b"][0] == "all:8"
+  assert cases["all8_b"][1].pairs == [("b", "all")]
+  assert cases["b2m4"][0] == "b:2;m:4" and cases["b4m2"][0] == "b:4;m:2"
+  assert cases["b4m2"][1].pairs == [("a", "b"), ("b", "m")]
+  one_dim = {case_id: layout for case_id, _, layout
+             in mtf_testing.uneven_layouts(["v"])}
+  assert one_dim["b2m4"].pairs == [("v", "m")]
+
+
+def test_uneven_layout_mode_params_traces_on_b2m4_only():
+  params = mtf_testing.uneven_layout_mode_params(["a", "b"])
+  ids = [p.id for p in params]
+  assert ids == [f"{case}-{mode}"
+                 for case in ("all8_a", "all8_b", "b2m4", "b4m2")
+                 for mode in mtf_testing.MODES
+                 if case == "b2m4" or mode in ("eager", "simd")
+                 ] + ["b2m4-graph_v1_shapes"]
+  assert all(p.values[1].allow_uneven for p in params)
+  ids = [p.id for p in mtf_testing.uneven_layout_mode_params(
+      ["a", "b"], layouts=["b4m2"], modes=("eager",))]
+  assert ids == ["b4m2-eager"]
+  with pytest.raises(ValueError, match="uneven layouts.*all8_c"):
+    mtf_testing.uneven_layout_mode_params(["a", "b"], layouts=["all8_c"])
