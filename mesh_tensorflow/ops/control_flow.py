@@ -149,6 +149,11 @@ class CustomGradientOperation(graph_lib.Operation):
     name: optional name.
   """
 
+  # It passes on the forward computation's outputs, whose lowerings keep
+  # their padding zero.
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, explicit_inputs, all_inputs, fn_outputs, grad_fn,
                forward_operations, name=None):
     explicit_inputs = list(explicit_inputs)
@@ -334,6 +339,12 @@ class WhileLoopOperation(graph_lib.Operation):
     has_accumulators: whether body_fn returns accumulators.
     name: optional name.
   """
+
+  # Each operation of the condition and body handles padding itself when
+  # the loop lowers it; loop variables and accumulators (which start at
+  # zero) are outputs of those, so their padding stays zero.
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, cond_fn, body_fn, inputs, tf_kwargs=None,
                has_accumulators=False, name=None):

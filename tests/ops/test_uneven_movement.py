@@ -1,0 +1,326 @@
+"""Data movement under uneven splits, against float64 NumPy with gradients.
+
+Reshapes, shifts, slice/pad/concat, split/stack/unstack, renames,
+convolution and pooling, while loops, recomputed and custom gradients and
+Print, on the uneven layouts of `mtf_testing.uneven_layouts` (dimensions
+"b" and "n" split over `all:8`, `b:2;m:4` and `b:4;m:2`) with the sizes
+5, 7, 12 and 100. Each case table runs as one program per layout and mode
+(`check_ops`); check_op also asserts that every output's padding is zero.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from tests import mtf_testing
+
+PARAMS = mtf_testing.uneven_layout_mode_params(["b", "n"])
+
+
+def _u(shape, seed):
+  return np.random.RandomState(seed).uniform(-1.0, 1.0,
+                                             size=shape).astype(np.float32)
+
+
+def _dims(t, **sizes):
+  """`t`'s shape with the named dimensions replaced by new ones."""
+  return mtf.Shape([mtf.Dimension(sizes.get(d.name, (d.name, d.size))[0],
+                                  sizes.get(d.name, (d.name, d.size))[1])
+                    for d in t.shape])
+
+
+def _np_shift(x, offset, axis, wrap):
+  if wrap:
+    return np.roll(x, offset, axis=axis)
+  y = np.zeros_like(x)
+  size = x.shape[axis]
+  src = np.arange(size) - offset
+  ok = (src >= 0) & (src < size)
+  index = [slice(None)] * x.ndim
+  index[axis] = np.nonzero(ok)[0]
+  take = [slice(None)] * x.ndim
+  take[axis] = src[ok]
+  y[tuple(index)] = x[tuple(take)]
+  return y
+
+
+X = (_u((5, 7, 4), 0), ["b", "n", "d"])      # b 5, n 7
+W = (_u((12, 7, 2), 1), ["b", "n", "d"])     # b 12
+V = (_u((100, 2), 2), ["n", "d"])            # n 100
+Y = (_u((7, 4), 3), ["n", "d"])
+
+
+def _reshape(new_dims):
+  """A check_ops case builder reshaping input "x" to `new_dims`."""
+  return lambda mesh, t: {"y": mtf.reshape(t["x"], mtf.Shape(
+      [mtf.Dimension(n, s) for n, s in new_dims]))}
+
+
+def _reshape_ref(sizes):
+  return lambda x: {"y": x.reshape(sizes)}
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_reshapes_and_renames(mesh_shape, layout, mode):
+  cases = {
+      # Padded dimensions kept in place, others split or merged.
+      "keep": (_reshape([("b", 5), ("n", 7), ("d0", 2), ("d1", 2)]),
+               _reshape_ref((5, 7, 2, 2)), {"x": X}),
+      "keep12": (_reshape([("b", 12), ("one", 1), ("n", 7), ("d", 2)]),
+                 _reshape_ref((12, 1, 7, 2)), {"x": W}),
+      "keep_merge_tail": (_reshape([("b", 5), ("nd", 28)]),
+                          _reshape_ref((5, 28)), {"x": X}),
+      # Padded dimensions merged with others.
+      "merge_bn": (_reshape([("bn", 35), ("d", 4)]),
+                   _reshape_ref((35, 4)), {"x": X}),
+      "merge_all": (_reshape([("all", 140)]), _reshape_ref((140,)),
+                    {"x": X}),
+      # A padded dimension split in two (neither part laid out), and one
+      # whose first part keeps its name and layout.
+      "split100": (_reshape([("n0", 10), ("n1", 10), ("d", 2)]),
+                   _reshape_ref((10, 10, 2)), {"x": V}),
+      "split12": (_reshape([("b", 6), ("b1", 2), ("n", 7), ("d", 2)]),
+                  _reshape_ref((6, 2, 7, 2)), {"x": W}),
+      # A dimension moved to another mesh dimension by its new name (n is
+      # on m, b on b in the 2-D layouts; on all:8 one of them is).
+      "move": (lambda mesh, t: {"y": mtf.rename_dimension(t["x"], "n", "b")},
+               lambda x: {"y": x}, {"x": Y}),
+      "rename": (lambda mesh, t: {"y": mtf.rename_dimension(t["x"], "d",
+                                                            "e")},
+                 lambda x: {"y": x}, {"x": X}),
+      "anonymize": (lambda mesh, t: {"y": mtf.anonymize(t["x"])},
+                    lambda x: {"y": x}, {"x": X}),
+      "transpose": (lambda mesh, t: {"y": mtf.transpose(
+          t["x"], mtf.Shape(t["x"].shape.dims[::-1]))},
+                    lambda x: {"y": x.transpose(2, 1, 0)}, {"x": X}),
+      "replace": (lambda mesh, t: {"y": mtf.reshape(
+          t["x"], mtf.replace_dimensions(
+              t["x"].shape, t["x"].shape.dims[1],
+              [mtf.Dimension("n", 7), mtf.Dimension("u", 1)]))},
+                  _reshape_ref((5, 7, 1, 4)), {"x": X}),
+  }
+  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
+
+
+SHIFTS = {  # name: (input, dimension, axis, offsets without / with wrap)
+    "n7": (X, "n", 1, (1, -3, 9), (2, -5, 8)),
+    "b5": (X, "b", 0, (-1, 3), (2, -6)),
+    "b12": (W, "b", 0, (2, -7), (5, -13)),
+    "n100": (V, "n", 0, (13, -20, 27), (30, -13, 101)),
+}
+
+
+def _shift_case(x, dim, axis, offsets, wrap_offsets):
+  def build(mesh, t):
+    del mesh
+    out = {f"z{i}": mtf.shift(t["x"], o, dim, wrap=False)
+           for i, o in enumerate(offsets)}
+    out.update({f"w{i}": mtf.shift(t["x"], o, dim, wrap=True)
+                for i, o in enumerate(wrap_offsets)})
+    return out
+
+  def ref(x):
+    out = {f"z{i}": _np_shift(x, o, axis, False)
+           for i, o in enumerate(offsets)}
+    out.update({f"w{i}": _np_shift(x, o, axis, True)
+                for i, o in enumerate(wrap_offsets)})
+    return out
+
+  return build, ref, {"x": x}
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_shifts(mesh_shape, layout, mode):
+  cases = {name: _shift_case(*spec) for name, spec in SHIFTS.items()}
+  cases["dynamic"] = (
+      lambda mesh, t: {"y": mtf.dynamic_shift(
+          t["x"], mtf.constant(mesh, 2, dtype=tf.int32), "n", wrap=False)},
+      lambda x: {"y": _np_shift(x, 2, 1, False)}, {"x": X})
+  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
+
+
+def _np_split(x, sizes, axis):
+  return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_slice_pad_concat_split_stack(mesh_shape, layout, mode):
+  def along_d(mesh, t):
+    del mesh
+    x, w = t["x"], t["w"]
+    parts = mtf.split(x, "d", [1, 3])
+    return {
+        "slice": mtf.slice(x, 1, 2, "d"),
+        "pad": mtf.pad(x, [1, 2], "d"),
+        "concat": mtf.concat([x, x * 2.0], "d"),
+        "split0": parts[0], "split1": parts[1],
+        "slice12": mtf.slice(w, 1, 1, "d"),
+        "print": mtf.Print(x, [mtf.reduce_sum(x)], "x"),
+    }
+
+  def along_d_ref(x, w):
+    parts = _np_split(x, [1, 3], 2)
+    return {"slice": x[:, :, 1:3], "pad": np.pad(x, [(0, 0), (0, 0), (1, 2)]),
+            "concat": np.concatenate([x, x * 2], 2),
+            "split0": parts[0], "split1": parts[1],
+            "slice12": w[:, :, 1:2], "print": x}
+
+  def stacks(mesh, t):
+    del mesh
+    y, x = t["y"], t["x"]
+    return {
+        # A new dimension named "b" is split (unevenly) as the rules say.
+        "stack_b": mtf.stack([y * float(i + 1) for i in range(5)], "b", 0),
+        "stack_s": mtf.stack([y, y * 3.0], "s", 1),
+        **{f"unstack_b{i}": u for i, u in enumerate(mtf.unstack(x, "b"))},
+        **{f"unstack_d{i}": u for i, u in enumerate(mtf.unstack(x, "d"))},
+    }
+
+  def stacks_ref(y, x):
+    return {
+        "stack_b": np.stack([y * (i + 1) for i in range(5)], 0),
+        "stack_s": np.stack([y, y * 3], 1),
+        **{f"unstack_b{i}": x[i] for i in range(5)},
+        **{f"unstack_d{i}": x[:, :, i] for i in range(4)},
+    }
+
+  def along_d_100(mesh, t):
+    del mesh
+    v = t["v"]
+    return {"concat": mtf.concat([v, mtf.slice(v, 1, 1, "d")], "d"),
+            "pad": mtf.pad(v, [2, 0], "d")}
+
+  def along_d_100_ref(v):
+    return {"concat": np.concatenate([v, v[:, 1:2]], 1),
+            "pad": np.pad(v, [(0, 0), (2, 0)])}
+
+  mtf_testing.check_ops(
+      {"d": (along_d, along_d_ref, {"x": X, "w": W}),
+       "stacks": (stacks, stacks_ref, {"y": Y, "x": X}),
+       "d100": (along_d_100, along_d_100_ref, {"v": V})},
+      mesh_shape, layout, mode)
+
+
+def test_slicing_along_a_padded_dimension_is_refused():
+  """slice, pad and concat work slicewise: their dimension must stay whole,
+  padded or not."""
+  layout = mtf.LayoutRules([("n", "all")], allow_uneven=True)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, "b:5,n:7")
+  mtf.slice(x, 1, 3, "n")
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+      "all:8", layout, [""] * 8)
+  with pytest.raises(mtf.LayoutError, match="'n'"):
+    mtf.Lowering(graph, {mesh: impl})
+
+
+def _tf_reference(tf_fn):
+  """(np_fn, np_grad_fn) for check_op from tf_fn(**float64 tensors)."""
+  def np_fn(**arrays):
+    out = tf_fn(**{k: tf.constant(v, tf.float64) for k, v in arrays.items()})
+    return {k: v.numpy() for k, v in out.items()}
+
+  def np_grad_fn(cotangents, **arrays):
+    tensors = {k: tf.constant(v, tf.float64) for k, v in arrays.items()}
+    with tf.GradientTape() as tape:
+      tape.watch(list(tensors.values()))
+      out = tf_fn(**tensors)
+      total = tf.add_n([tf.reduce_sum(out[k] * c)
+                        for k, c in cotangents.items()])
+    grads = tape.gradient(total, tensors)
+    return {k: g.numpy() for k, g in grads.items()}
+
+  return np_fn, np_grad_fn
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_convolution_and_pooling(mesh_shape, layout, mode):
+  """Batch "b" (5) and the input channels "n" (7) padded; a 1-D
+  convolution as conv2d over a height of 1, as layers.conv1d does it."""
+  def build(mesh, t):
+    del mesh
+    return {
+        "conv2d": mtf.conv2d(t["x"], t["f"], (1, 1), "SAME"),
+        "conv1d": mtf.conv2d(t["x1"], t["f1"], (1, 2), "VALID"),
+        "max": mtf.max_pool2d(t["p"]),
+        "avg": mtf.avg_pool2d(t["p"], ksize=(1, 3)),
+    }
+
+  def tf_fn(x, f, x1, f1, p):
+    return {
+        "conv2d": tf.nn.conv2d(x, f, 1, "SAME"),
+        "conv1d": tf.nn.conv2d(x1, f1, (1, 2), "VALID"),
+        "max": tf.nn.max_pool2d(p, 2, 2, "VALID"),
+        "avg": tf.nn.avg_pool2d(p, (1, 3), (1, 3), "VALID"),
+    }
+
+  np_fn, np_grad_fn = _tf_reference(tf_fn)
+  mtf_testing.check_op(
+      build, np_fn,
+      {"x": (_u((5, 3, 3, 7), 4), ["b", "h", "w", "n"]),
+       "f": (_u((2, 2, 7, 3), 5), ["fh", "fw", "n", "c"]),
+       "x1": (_u((5, 1, 6, 7), 6), ["b", "fake_height", "w", "n"]),
+       "f1": (_u((1, 3, 7, 12), 7), ["fh", "fw", "n", "c"]),
+       "p": (_u((5, 4, 6, 7), 8), ["b", "h", "w", "n"])},
+      mesh_shape, layout, mode, np_grad_fn=np_grad_fn)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_loops_and_gradient_blocks(mesh_shape, layout, mode):
+  """while_loop, recompute_grad and custom_gradient with padded tensors
+  inside."""
+  def loop(mesh, t):
+    i0 = mtf.constant(mesh, 0, mtf.Shape([]), dtype=tf.int32)
+
+    def body(i, x):
+      total = mtf.reduce_sum(x, reduced_dim=x.shape.get_dim_by_name("b"))
+      return [i + 1, mtf.shift(x, 1, "n", wrap=True) * 0.5, total]
+
+    _, x, acc = mtf.while_loop(lambda i, x: mtf.less(i, 3), body,
+                               [i0, t["x"]], has_accumulators=True)
+    return {"x": x, "acc": acc}
+
+  def loop_ref(x):
+    acc = 0
+    for _ in range(3):
+      acc = acc + x.sum(0)
+      x = np.roll(x, 1, axis=1) * 0.5
+    return {"x": x, "acc": acc}
+
+  def recompute(mesh, t):
+    del mesh
+
+    def block(x):
+      h = mtf.tanh(mtf.reshape(x, _dims(x, d=("e", 4))))
+      h = mtf.shift(h, 2, "n", wrap=False)
+      return mtf.reduce_sum(h * h, reduced_dim=h.shape.get_dim_by_name("e"))
+
+    return {"y": mtf.recompute_grad(block, [t["x"]])}
+
+  def recompute_ref(x):
+    h = _np_shift(np.tanh(x), 2, 1, False)
+    return {"y": (h * h).sum(2)}
+
+  def custom(mesh, t):
+    del mesh
+
+    def grad_fn(explicit, all_inputs, forward_ops, outputs, output_grads):
+      del explicit, forward_ops, outputs
+      return [output_grads[0] * 3.0] + [None] * (len(all_inputs) - 1)
+
+    return {"y": mtf.custom_gradient(
+        lambda x: mtf.tanh(mtf.shift(x, -1, "b", wrap=True)), grad_fn,
+        [t["x"]])}
+
+  def custom_ref(x):
+    return {"y": np.tanh(np.roll(x, -1, axis=0))}
+
+  mtf_testing.check_op(loop, loop_ref, {"x": X}, mesh_shape, layout, mode,
+                       grad_wrt=[])
+  mtf_testing.check_op(
+      recompute, recompute_ref, {"x": X}, mesh_shape, layout, mode)
+  mtf_testing.check_op(
+      custom, custom_ref, {"x": X}, mesh_shape, layout, mode,
+      np_grad_fn=lambda cot, x: {"x": 3.0 * cot["y"]})
