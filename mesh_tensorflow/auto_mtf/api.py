@@ -20,6 +20,20 @@ once and cached (machine.load_or_calibrate; a program in tf.compat.v1
 graph mode measures in a fresh Python process) unless `machine` gives them.
 `choose_layout` returns the same choice with its predictions and the search
 time, for reports (the Transformer binary prints it).
+
+Uneven splits: by default a tensor dimension is only split over a mesh
+dimension that divides every size it has. With allow_uneven=True any
+mesh dimension no larger than its sizes may split it, the lowering padding
+it to the next multiple (mtf.LayoutRules(..., allow_uneven=True), which
+the returned rules then are); the search prices the padding: padded slices
+in memory and compute, and the allconcats of operations whose lowering
+does not handle padding and gathers the padded dimensions around them.
+E.g. an MLP with a hidden size of 100 on 8 processors:
+
+  rules = mtf.auto_mtf.layout(graph, "m:8", [loss], allow_uneven=True)
+  # LayoutRules('hidden:m', allow_uneven=True): every processor holds 13
+  # of hidden, the last 9 and 4 of padding (without allow_uneven, hidden
+  # stays whole).
 """
 
 import dataclasses
@@ -56,8 +70,10 @@ class LayoutChoice:
     """One line: mesh shape, layout rules and the predictions."""
     mesh = ";".join(f"{d.name}:{d.size}" for d in self.mesh_shape.dims)
     text = (f"mesh_shape={mesh!r} "
-            f"layout_rules={self.layout_rules.to_string!r} "
-            f"peak_memory={self.peak_memory_bytes} bytes/processor")
+            f"layout_rules={self.layout_rules.to_string!r} ")
+    if self.layout_rules.allow_uneven:
+      text += "allow_uneven=True "
+    text += f"peak_memory={self.peak_memory_bytes} bytes/processor"
     if self.predicted_step_seconds is not None:
       text += f" predicted_step={self.predicted_step_seconds * 1e3:.3f} ms"
     return text + f" (searched in {self.search_seconds:.2f} s)"
@@ -65,7 +81,7 @@ class LayoutChoice:
 
 def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
            memory_budget=None, machine=None, shard_weight_update=False,
-           shard_parameters=False):
+           shard_parameters=False, allow_uneven=False):
   """The layout rules of `mtf_graph` on a mesh of `mesh_shape`.
 
   Args:
@@ -81,6 +97,9 @@ def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
       mtf.shard_data_parallel stores them, sharded over the mesh dimensions
       the batch is split over (ZeRO-1/2).
     shard_parameters: the variables too (ZeRO-3).
+    allow_uneven: also consider splitting a dimension over a mesh dimension
+      that does not divide it (padded, priced; see the module doc). The
+      rules returned then have allow_uneven=True.
 
   Returns:
     an mtf.LayoutRules.
@@ -92,13 +111,15 @@ def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
   return choose_layout(mtf_graph, mesh_shape, mtf_outputs, objective,
                        memory_budget, machine,
                        shard_weight_update=shard_weight_update,
-                       shard_parameters=shard_parameters).layout_rules
+                       shard_parameters=shard_parameters,
+                       allow_uneven=allow_uneven).layout_rules
 
 
 def layout_and_mesh_shape(mtf_graph, num_machines, mtf_outputs=(),
                           max_mesh_shape_dimensions=2, objective="memory",
                           memory_budget=None, machine=None,
-                          shard_weight_update=False, shard_parameters=False):
+                          shard_weight_update=False, shard_parameters=False,
+                          allow_uneven=False):
   """Layout rules and a mesh shape for `num_machines` processors.
 
   Tries every mesh shape of num_machines processors with at most
@@ -112,14 +133,16 @@ def layout_and_mesh_shape(mtf_graph, num_machines, mtf_outputs=(),
   """
   choice = choose_layout(mtf_graph, num_machines, mtf_outputs, objective,
                          memory_budget, machine, max_mesh_shape_dimensions,
-                         shard_weight_update, shard_parameters)
+                         shard_weight_update, shard_parameters,
+                         allow_uneven=allow_uneven)
   return choice.layout_rules, choice.mesh_shape
 
 
 def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
                   memory_budget=None, machine=None,
                   max_mesh_shape_dimensions=2, shard_weight_update=False,
-                  shard_parameters=False, quick_calibration=False):
+                  shard_parameters=False, quick_calibration=False,
+                  allow_uneven=False):
   """The LayoutChoice for a mesh shape, or for a processor count (an int:
   every mesh shape of it is tried, as in layout_and_mesh_shape). Other
   arguments as in `layout_and_mesh_shape`, and:
@@ -149,7 +172,7 @@ def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
                              quick_calibration)
     start = time.perf_counter()
     estimator = memory_estimator.MemoryEstimator(mtf_graph, candidate,
-                                                 mtf_outputs)
+                                                 mtf_outputs, allow_uneven)
     try:
       optimizer = layout_optimizer.LayoutOptimizer(
           estimator, objective=objective, memory_budget=memory_budget,
@@ -173,8 +196,9 @@ def choose_layout(mtf_graph, mesh_shape, mtf_outputs=(), objective="memory",
         "no mesh shape has a layout that fits: " +
         "; ".join(str(e) for e in errors))
   layout_string, candidate, peak, value = best
+  rules = shape_lib.convert_to_layout_rules(layout_string)
   return LayoutChoice(
-      layout_rules=shape_lib.convert_to_layout_rules(layout_string),
+      layout_rules=rules.with_uneven() if allow_uneven else rules,
       mesh_shape=candidate, objective=objective, peak_memory_bytes=int(peak),
       predicted_step_seconds=value if objective == "time" else None,
       search_seconds=searched)

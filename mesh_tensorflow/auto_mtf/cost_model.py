@@ -60,6 +60,17 @@ misses the allreduces of sums kept pending through linear chains (most
 gradient allreduces, which a scalar multiply of the optimizer reads): pass
 the names `cost_dimension_names` gives.
 
+Uneven splits (rules with allow_uneven; the search's allow_uneven). A
+dimension of size n split k ways has slices of ceil(n/k), padding included,
+in every rule (`CostLayout`). An operation with padded dimensions whose
+lowering does not handle them (`Operation.handles_padding_of`) is priced
+as `Lowering._lower_gathering` lowers it: an allconcat of each input's
+padded dimensions, its rule under the layout without them (on the gathered
+slices, every input plain, its pending sums reduced there), and the local
+split of its outputs. An operation that does not keep its outputs' padding
+zero (`padding_stays_zero`) pays a slicewise op per padded output, which
+reduces a pending sum first (its allreduce charged to the operation).
+
 `graph_cost` equals the lowering's counters (calls and wire bytes per kind
 and mesh dimensions) for the operations modelled here; see
 tests/auto_mtf/test_cost_model.py. Modelled without a check against
@@ -239,11 +250,34 @@ class _Context:
 
   def run(self, op_info):
     """op_info.rule.run under this layout (computed once: an operation's
-    consumers ask for its pending sums, and it is priced itself)."""
+    consumers ask for its pending sums, and it is priced itself), with the
+    padding's work and collectives (see _gathered_run, _zero_padding)."""
     result = self.results.get(op_info)
     if result is None:
-      result = self.results[op_info] = op_info.rule.run(op_info, self)
+      padded = self.layout.padded_names(op_info.in_dims + op_info.out_dims)
+      if not padded:
+        result = op_info.rule.run(op_info, self)
+      elif op_info.op.handles_padding_of(padded):
+        result = _zero_padding(op_info, self.layout,
+                               op_info.rule.run(op_info, self))
+      else:
+        result = _gathered_run(op_info, self.layout, padded)
+      self.results[op_info] = result
     return result
+
+  def keeps_pending(self, op_info, index, pending):
+    """Whether input `index` of an operation, a sum pending over
+    `pending`, stays pending: never for an operation lowered with its
+    padded dimensions gathered (the gathering reduces every input)."""
+    if self.gathers(op_info):
+      return False
+    return op_info.rule.keeps_pending(op_info, index, pending, self)
+
+  def gathers(self, op_info):
+    """Whether the lowering gathers padded dimensions around the
+    operation (it has some and does not handle them)."""
+    padded = self.layout.padded_names(op_info.in_dims + op_info.out_dims)
+    return bool(padded) and not op_info.op.handles_padding_of(padded)
 
   def state(self, op_info, i):
     """The pending mesh dims (tuple, mesh order) of input i of an op."""
@@ -263,6 +297,100 @@ class _Context:
         state = ()  # Reduced when made.
     self.memo[t] = state
     return state
+
+
+# ------------------------------------------------------- uneven splits
+
+
+class _WholeInputs:
+  """The context a rule runs in when the lowering gathers an operation's
+  padded dimensions: the layout without them, and every input plain (the
+  gathering reduced its pending sums)."""
+
+  __slots__ = ("layout",)
+
+  def __init__(self, layout):
+    self.layout = layout
+
+  def state(self, op_info, i):
+    del op_info, i
+    return ()
+
+
+def _gathered_run(info, layout, padded):
+  """The RuleResult of an operation whose lowering does not handle its
+  padded dimensions (named in `padded`), as Lowering._lower_gathering
+  lowers it: each input's split dimensions of those names allconcatenated
+  (padded slices) and their padding cut off; the operation run on those
+  slices with the names whole (its pending sums reduced there); its outputs
+  split and padded again (no communication); then their padding zeroed."""
+  collectives = []
+  num_ops = 0
+  moved_bytes = 0
+  seen = set()
+  for i, t in enumerate(info.inputs):
+    if t in seen:
+      continue
+    seen.add(t)
+    dims = info.in_dims[i]
+    sizes = layout.slice_sizes(dims)
+    for axis, (name, size) in enumerate(dims):
+      m = layout.mesh_dim(name)
+      if m is None or name not in padded:
+        continue
+      collectives.append(cost_rules.collective(
+          layout, "allconcat", (m,), math.prod(sizes) * info.in_itemsize[i]))
+      sizes[axis] *= layout.sizes[m]
+      if sizes[axis] != size:
+        sizes[axis] = size  # The padding cut off: one slicewise op.
+        num_ops += 1
+        moved_bytes += 2 * math.prod(sizes) * info.in_itemsize[i]
+  whole = layout.without(padded)
+  result = info.rule.run(info, _WholeInputs(whole))
+  collectives.extend(result.collectives)
+  for k, pending in enumerate(result.pending):
+    if pending:
+      collectives.append(cost_rules.collective(
+          whole, "allreduce", pending, cost_rules.slice_bytes(
+              whole, info.out_dims[k], info.out_itemsize[k])))
+  for k, dims in enumerate(info.out_dims):
+    for name, size in dims:
+      m = layout.mesh_dim(name)
+      if m is not None and name in padded:
+        # Padded (when uneven) and sliced locally.
+        num_ops += 1 + (size % layout.sizes[m] != 0)
+        moved_bytes += 2 * cost_rules.slice_bytes(whole, dims,
+                                                  info.out_itemsize[k])
+  return _zero_padding(info, layout, cost_rules.RuleResult(
+      cost_rules.no_pending(info), collectives, flops=result.flops,
+      elementwise_bytes=result.elementwise_bytes + moved_bytes,
+      num_ops=result.num_ops + num_ops, matmul_bytes=result.matmul_bytes))
+
+
+def _zero_padding(info, layout, result):
+  """`result` with what Lowering._zero_padding adds after an operation
+  that does not keep its outputs' padding zero: a slicewise op per padded
+  output, which first reduces a pending sum (its allreduce charged here)."""
+  if info.op.padding_stays_zero:
+    return result
+  pending = list(result.pending)
+  collectives = list(result.collectives)
+  num_ops = result.num_ops
+  moved_bytes = 0
+  for k, dims in enumerate(info.out_dims):
+    if not layout.padded_names([dims]):
+      continue
+    out_bytes = cost_rules.slice_bytes(layout, dims, info.out_itemsize[k])
+    if pending[k]:
+      collectives.append(cost_rules.collective(layout, "allreduce",
+                                               pending[k], out_bytes))
+      pending[k] = ()
+    num_ops += 1
+    moved_bytes += 2 * out_bytes
+  return cost_rules.RuleResult(
+      pending, collectives, flops=result.flops,
+      elementwise_bytes=result.elementwise_bytes + moved_bytes,
+      num_ops=num_ops, matmul_bytes=result.matmul_bytes)
 
 
 # -------------------------------------------------------------- public API
@@ -290,7 +418,7 @@ def _cost(info, ctx):
     if n == 1:
       consumer, index = info.consumers[k][0]
       cinfo = ctx.facts.info(consumer)
-      if cinfo.rule.keeps_pending(cinfo, index, pending, ctx):
+      if ctx.keeps_pending(cinfo, index, pending):
         continue
     c = cost_rules.collective(
         layout, "allreduce", pending,
@@ -302,7 +430,8 @@ def _cost(info, ctx):
                        result.matmul_bytes)
 
 
-def operation_cost(operation, assignment, mesh_dimension_to_size):
+def operation_cost(operation, assignment, mesh_dimension_to_size,
+                   allow_uneven=False):
   """The per-processor OperationCost of `operation` under a layout.
 
   Args:
@@ -311,12 +440,15 @@ def operation_cost(operation, assignment, mesh_dimension_to_size):
       are not split (shard names "<name>@<mesh dim>" split as they say).
     mesh_dimension_to_size: {mesh-dimension name: size} in mesh order (or
       an mtf.Shape / "b:2;m:4").
+    allow_uneven: the assignment may split a dimension unevenly
+      (`LayoutRules.allow_uneven`): padded slices, and the gathering around
+      operations that do not handle padding, are priced.
 
   Returns:
     an OperationCost (see the module doc for how pending sums are charged).
   """
-  return Pricer(operation.graph, assignment,
-                mesh_dimension_to_size).cost(operation)
+  return Pricer(operation.graph, assignment, mesh_dimension_to_size,
+                allow_uneven).cost(operation)
 
 
 class Pricer:
@@ -324,11 +456,12 @@ class Pricer:
   does; the pending sums found for one operation serve the next (the
   layout search prices many operations under each assignment)."""
 
-  def __init__(self, mtf_graph, assignment, mesh_dimension_to_size):
-    """See operation_cost for `assignment` and `mesh_dimension_to_size`."""
+  def __init__(self, mtf_graph, assignment, mesh_dimension_to_size,
+               allow_uneven=False):
+    """See operation_cost for the arguments."""
     self._facts = _facts(mtf_graph)
     self._context = _Context(self._facts, cost_rules.CostLayout(
-        assignment, _mesh_sizes(mesh_dimension_to_size)))
+        assignment, _mesh_sizes(mesh_dimension_to_size), allow_uneven))
 
   def cost(self, operation):
     """The per-processor OperationCost of `operation` (of this graph)."""
@@ -369,10 +502,19 @@ def _run_signature(facts, info):
       states = tuple(_state_signature(facts, info, i)
                      for i in range(len(info.inputs)))
     info.run_signature = facts.intern((
-        info.rule, info.rule.attributes(info),
+        info.rule, info.rule.attributes(info), _padding_class(info.op),
         tuple(info.in_dims), tuple(info.out_dims), tuple(info.in_itemsize),
         tuple(info.out_itemsize), states))
   return info.run_signature
+
+
+def _padding_class(operation):
+  """What decides how the lowering treats an operation's padded dimensions
+  (its class's handles_padding_of and padding_stays_zero): operations that
+  share a rule may differ there."""
+  cls = type(operation)
+  return (cls.handles_padding, cls.handles_padding_of,
+          cls.padding_stays_zero)
 
 
 def _state_signature(facts, info, i):
@@ -453,11 +595,14 @@ def counted_collectives(counters):
 
 def graph_cost(mtf_graph, mesh_shape, layout_rules):
   """The GraphCost of `mtf_graph` on `mesh_shape` under `layout_rules`
-  (an mtf.LayoutRules or a string like "batch:b;d_ff:m")."""
+  (an mtf.LayoutRules or a string like "batch:b;d_ff:m"; rules with
+  allow_uneven price their padding)."""
   sizes = _mesh_sizes(mesh_shape)
   facts = _facts(mtf_graph)
+  rules = shape_lib.convert_to_layout_rules(layout_rules)
   ctx = _Context(facts, cost_rules.CostLayout(
-      _assignment_from_rules(sizes, layout_rules, mtf_graph), sizes))
+      _assignment_from_rules(sizes, rules, mtf_graph), sizes,
+      rules.allow_uneven))
   total = ZERO
   by_operation = []
   collectives = {}

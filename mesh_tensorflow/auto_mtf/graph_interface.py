@@ -10,7 +10,8 @@ a schedule. `GraphInterface` answers these for either kind of graph by name
 schedulers read.
 
 Changed from the original: tensor sizes per processor use exact integer
-ceiling division.
+ceiling division; `get_tensor_slice_size` gives the bytes of one slice
+exactly, dimension by dimension (a dimension split unevenly is padded).
 """
 
 import collections
@@ -155,6 +156,22 @@ class GraphInterface(object):
         self.get_tensor_num_entries(tensor_name, partial_layout,
                                     mesh_dimension_to_size))
 
+  def get_tensor_slice_size(self, tensor_name, partial_layout,
+                            mesh_dimension_to_size):
+    """Bytes of one processor's slice of the tensor under `partial_layout`
+    ({mtf dimension name: mesh dimension name}), padding included: each
+    dimension split k ways has ceil(size / k) entries, as the lowering
+    holds it (the same as get_tensor_size when every k divides)."""
+    dtype, num_entries, names, sizes = self._tensor_facts(tensor_name)
+    if partial_layout:
+      num_entries = 1
+      for name, size in zip(names, sizes):
+        mesh_name = partial_layout.get(name)
+        if mesh_name is not None:
+          size = -(-size // mesh_dimension_to_size[mesh_name])
+        num_entries *= size
+    return dtype.size * num_entries
+
   def get_tensor_device(self, tensor_name):
     """The tensor's device (a tf tensor's), or None (an mtf tensor's)."""
     tensor = self._tensor(tensor_name)
@@ -254,20 +271,21 @@ class GraphInterface(object):
     return readers
 
   def _tensor_facts(self, tensor_name):
-    """(tf.DType, number of entries, mtf dimension names) of a tensor,
-    computed once: the optimizer asks for them many times."""
+    """(tf.DType, number of entries, mtf dimension names, their sizes) of
+    a tensor, computed once: the optimizer asks for them many times."""
     facts = self._facts.get(tensor_name)
     if facts is None:
       tensor = self._tensor(tensor_name)
       if isinstance(tensor, graph_lib.Tensor):
         num_entries = tensor.shape.size
         names = tuple(d.name for d in tensor.shape.dims)
+        sizes = tuple(d.size for d in tensor.shape.dims)
       else:
         num_entries = 1
         for dim in tensor.shape.as_list():
           num_entries *= dim
-        names = ()
-      facts = (tf.as_dtype(tensor.dtype), num_entries, names)
+        names = sizes = ()
+      facts = (tf.as_dtype(tensor.dtype), num_entries, names, sizes)
       self._facts[tensor_name] = facts
     return facts
 

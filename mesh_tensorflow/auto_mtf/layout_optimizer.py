@@ -40,6 +40,15 @@ a reshape from batch to experts over one mesh dimension, or one assignment
 op updating the variables of heads and of vocab, as the shipped layouts
 have); variables count as resident for the whole step (MemoryEstimator);
 data-parallel sharding's memory is counted when asked for.
+
+Uneven splits (a MemoryEstimator with allow_uneven): an assignment whose
+mesh dimension does not divide a size is allowed (LayoutValidator), and
+priced as the lowering pads it. Memory: the bytes of a tensor with such a
+dimension are the product of its slice sizes, ceil(n/k) per split
+dimension, so its memory is summed per dimension set and sizes of those
+dimensions (a _PaddedKey) instead of per dimension set. Time: the cost
+model prices padded slices, and the gathering around operations that do
+not handle padding (cost_model).
 """
 
 import collections
@@ -115,6 +124,7 @@ class LayoutOptimizer(object):
     self._shard_weight_update = bool(shard_weight_update) or (
         self._shard_parameters)
     self._layout_validator = memory_estimator.get_layout_validator()
+    self._uneven = self._layout_validator.allow_uneven
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
     self._memory_contents = None
@@ -220,15 +230,15 @@ class LayoutOptimizer(object):
     its dimension set, sharded as mtf.shard_data_parallel would."""
     tensor = self._sharded_tensors.get(tensor_name)
     if tensor is None:
-      return self._graph.get_tensor_size(tensor_name, assignment,
-                                         self._mesh_sizes)
+      return self._slice_bytes(tensor_name, assignment)
     data_mesh_dims = sorted({m for d, m in assignment.items()
                              if d in self._data_names})
     own = {d: m for d, m in assignment.items()
            if d in tensor.shape.dimension_names}
     if not data_mesh_dims:
-      return self._graph.get_tensor_size(tensor_name, own, self._mesh_sizes)
-    rules = ";".join(f"{d}:{m}" for d, m in sorted(own.items()))
+      return self._slice_bytes(tensor_name, own)
+    rules = shape_lib.LayoutRules(sorted(own.items()),
+                                  allow_uneven=self._uneven)
     mesh_shape = _mesh_string(self._mesh_sizes)
     sharding = data_parallel_sharding.DataParallelSharding(
         mesh_shape, rules, shard_parameters=self._shard_parameters,
@@ -236,6 +246,35 @@ class LayoutOptimizer(object):
     update_shape = sharding.plan_variable(tensor_name, tensor.shape)
     impl = mesh_impl_lib.MeshImpl(mesh_shape, rules)
     return impl.slice_size(update_shape) * tensor.dtype.size
+
+  def _slice_bytes(self, tensor_name, assignment):
+    """Bytes per processor of a tensor under `assignment` (padded slices
+    when uneven splits are allowed)."""
+    if self._uneven:
+      return self._graph.get_tensor_slice_size(tensor_name, assignment,
+                                               self._mesh_sizes)
+    return self._graph.get_tensor_size(tensor_name, assignment,
+                                       self._mesh_sizes)
+
+  def _memory_key(self, tensor_name):
+    """(key, amount) of a tensor in the memory steps: its dimension set and
+    whole bytes; with uneven splits, if one of its dimensions may be
+    padded, a _PaddedKey of the set and those dimensions' sizes, and the
+    bytes of the other dimensions (its slice's bytes are those times the
+    product of the padded slice sizes)."""
+    graph = self._graph
+    dimension_set = self._tensor_dimension_set[tensor_name]
+    whole = graph.get_tensor_size(tensor_name)
+    if not self._uneven or not dimension_set:
+      return dimension_set, whole
+    sizes = dict(zip(graph.get_tensor_mtf_dimension_names(tensor_name),
+                     graph.get_tensor_shape(tensor_name).as_list()))
+    if not any(sizes[d] % k for d in dimension_set
+               for k in self._mesh_sizes.values()):
+      return dimension_set, whole
+    split_sizes = tuple(sorted((d, sizes[d]) for d in dimension_set))
+    return (_PaddedKey(dimension_set, split_sizes),
+            whole // shape_lib.list_product(s for _, s in split_sizes))
 
   def _initialize_variables(self):
     model = self._model
@@ -300,6 +339,11 @@ class LayoutOptimizer(object):
       if isinstance(key, _ShardedTensor):
         dimension_set = self._tensor_dimension_set[key.name]
         coefficients += self._sharded_bytes(key.name)
+      elif isinstance(key, _PaddedKey):
+        dimension_set = key.dimension_set
+        coefficients += [whole_bytes * _padded_elements(key.sizes, a,
+                                                        self._mesh_sizes)
+                         for a in self._assignments_of(dimension_set)]
       else:
         dimension_set = key
         coefficients += [-(-whole_bytes // divisor)
@@ -338,7 +382,7 @@ class LayoutOptimizer(object):
       if t in self._sharded_tensors:
         keyed[t] = (_ShardedTensor(t), 1)
       elif graph.is_tensor_on_canonical_device(t):
-        keyed[t] = (self._tensor_dimension_set[t], graph.get_tensor_size(t))
+        keyed[t] = self._memory_key(t)
     # Consecutive steps differ by a few tensors: update the totals.
     totals = {}
     counts = collections.Counter()
@@ -526,13 +570,34 @@ class _ShardedTensor(collections.namedtuple("_ShardedTensor", ["name"])):
   own dimensions' sizes, not only on how many processors split them)."""
 
 
+class _PaddedKey(collections.namedtuple("_PaddedKey",
+                                        ["dimension_set", "sizes"])):
+  """A memory step's key for tensors of one dimension set whose dimensions
+  of that set have these sizes ((name, size) pairs, sorted), one of which
+  an uneven split may pad: their slices' bytes are their amount (bytes of
+  the other dimensions) times the product of the slice sizes."""
+
+
 def _key_order(item):
   """Sorts a memory step's (key, amount) items: dimension sets by their
-  names, then sharded tensors by name (not by hash, which varies)."""
+  names, then sharded tensors by name, then padded keys by names and sizes
+  (not by hash, which varies)."""
   key = item[0]
   if isinstance(key, _ShardedTensor):
     return (1, [key.name])
+  if isinstance(key, _PaddedKey):
+    return (2, sorted(key.dimension_set), list(key.sizes))
   return (0, sorted(key))
+
+
+def _padded_elements(sizes, assignment, mesh_sizes):
+  """The product of the slice sizes of the dimensions `sizes` ((name,
+  size) pairs) under `assignment`: ceil(size / k) when split k ways."""
+  product = 1
+  for name, size in sizes:
+    m = assignment.get(name)
+    product *= size if m is None else -(-size // mesh_sizes[m])
+  return product
 
 
 def _undominated(steps):

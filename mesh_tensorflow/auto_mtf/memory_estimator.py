@@ -28,14 +28,18 @@ class MemoryEstimator(object):
     mtf_graph: the mtf.Graph.
     mesh_shape: the mesh's mtf.Shape.
     mtf_outputs: the output mtf Tensors (kept in memory to the end).
+    allow_uneven: whether layouts may split a dimension unevenly.
   """
 
-  def __init__(self, mtf_graph, mesh_shape, mtf_outputs=()):
-    """Args: an mtf.Graph, the mesh shape (mtf.Shape or spec), and an
-    optional iterable of the computation's output mtf Tensors."""
+  def __init__(self, mtf_graph, mesh_shape, mtf_outputs=(),
+               allow_uneven=False):
+    """Args: an mtf.Graph, the mesh shape (mtf.Shape or spec), an
+    optional iterable of the computation's output mtf Tensors, and whether
+    layouts may split dimensions unevenly (padded; LayoutValidator)."""
     self.mtf_graph = mtf_graph
     self.mesh_shape = shape_lib.convert_to_shape(mesh_shape)
     self.mtf_outputs = tuple(mtf_outputs)
+    self.allow_uneven = bool(allow_uneven)
     self._layout_validator = None
     self._graph_interface = None
 
@@ -43,7 +47,7 @@ class MemoryEstimator(object):
     """The valid_layouts.LayoutValidator of the graph and mesh (made once)."""
     if self._layout_validator is None:
       self._layout_validator = valid_layouts.LayoutValidator(
-          self.mtf_graph, self.mesh_shape)
+          self.mtf_graph, self.mesh_shape, self.allow_uneven)
     return self._layout_validator
 
   def get_graph_interface(self):

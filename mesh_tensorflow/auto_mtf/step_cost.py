@@ -64,7 +64,8 @@ def cost_table(estimator, validator, machine, assignments_of):
                  for signature, operation in distinct.items()}
     costs = []
     for assignment in assignments_of(dimension_set):
-      pricer = cost_model.Pricer(graph, assignment, mesh_sizes)
+      pricer = cost_model.Pricer(graph, assignment, mesh_sizes,
+                                 validator.allow_uneven)
       seconds_of = {}
       for signature, operation in distinct.items():
         processors = num_processors

@@ -57,27 +57,41 @@ class Collective:
 class CostLayout:
   """Resolves tensor-dimension names to mesh dimensions, fast.
 
+  A dimension of size n split k ways has slices of ceil(n/k) (n/k when k
+  divides n, the only case without uneven splits): padding costs what the
+  slices it lengthens cost.
+
   Attributes:
     assignment: {tensor-dimension name: mesh-dimension name}.
     sizes: {mesh-dimension name: size}, in mesh order.
     order: {mesh-dimension name: its mesh axis}.
     num_processors: the product of the sizes.
+    allow_uneven: whether the layout may split a dimension unevenly
+      (`LayoutRules.allow_uneven`): the lowering then pads it, and gathers
+      it around operations that do not handle padding.
+    replicated: names kept whole whatever the assignment or a shard name
+      says (`LayoutRules.without`: an operation lowered with its padded
+      dimensions gathered).
   """
 
-  __slots__ = ("assignment", "sizes", "order", "num_processors", "resolved")
+  __slots__ = ("assignment", "sizes", "order", "num_processors", "resolved",
+               "allow_uneven", "replicated")
 
-  def __init__(self, assignment, mesh_dimension_to_size):
+  def __init__(self, assignment, mesh_dimension_to_size, allow_uneven=False,
+               replicated=frozenset()):
     self.assignment = assignment
     self.sizes = mesh_dimension_to_size
     self.order = {m: i for i, m in enumerate(mesh_dimension_to_size)}
     self.num_processors = math.prod(mesh_dimension_to_size.values())
     self.resolved = {}  # {name: mesh_dim(name)}, filled as asked.
+    self.allow_uneven = allow_uneven
+    self.replicated = frozenset(replicated)
 
   def mesh_dim(self, name):
     """The mesh dimension `name` is split over, or None.
 
     Names absent from the assignment are not split, except shard names
-    ("<name>@<mesh dim>"), which are split as they say.
+    ("<name>@<mesh dim>"), which are split as they say (unless replicated).
     """
     try:
       return self.resolved[name]
@@ -86,8 +100,35 @@ class CostLayout:
     m = self.assignment.get(name)
     if m is None and shape_lib.SHARD_MARK in name:
       m = shape_lib.split_shard_dimension_name(name)[1]
+    if name in self.replicated:
+      m = None
     m = self.resolved[name] = m if m in self.sizes else None
     return m
+
+  def slice_size(self, name, size):
+    """The per-processor size of dimension `name` of `size`: ceil(size / k)
+    when split k ways (padding included)."""
+    m = self.mesh_dim(name)
+    return size if m is None else -(-size // self.sizes[m])
+
+  def padded_names(self, dims_lists):
+    """The names in `dims_lists` (lists of (name, size) pairs) split over a
+    mesh dimension that does not divide their size: the dimensions the
+    lowering pads (none unless allow_uneven)."""
+    if not self.allow_uneven:
+      return frozenset()
+    return frozenset(
+        name for dims in dims_lists for name, size in dims
+        if self.mesh_dim(name) is not None and
+        size % self.sizes[self.mesh_dim(name)])
+
+  def without(self, names):
+    """This layout with the dimensions named in `names` whole (how the
+    lowering lays them out around an operation that does not handle
+    padding)."""
+    return CostLayout(
+        {n: m for n, m in self.assignment.items() if n not in names},
+        self.sizes, self.allow_uneven, self.replicated | frozenset(names))
 
   def mesh_axis(self, name):
     """The mesh axis (int) `name` is split over, or None."""
@@ -96,17 +137,13 @@ class CostLayout:
 
   def slice_sizes(self, dims):
     """Per-processor sizes of `dims` ((name, size) pairs)."""
-    out = []
-    for name, size in dims:
-      m = self.mesh_dim(name)
-      out.append(size // self.sizes[m] if m is not None else size)
-    return out
+    return [self.slice_size(name, size) for name, size in dims]
 
   def slice_elements(self, dims):
+    """Elements of one processor's slice of `dims` (padding included)."""
     n = 1
     for name, size in dims:
-      m = self.mesh_dim(name)
-      n *= size // self.sizes[m] if m is not None else size
+      n *= self.slice_size(name, size)
     return n
 
   def sort(self, mesh_dims):
