@@ -4,7 +4,9 @@
 least peak memory per processor, as the original's auto_mtf did;
 `objective="time"` instead picks the least predicted step time whose peak
 fits `memory_budget`. `layout_and_mesh_shape` also chooses among the mesh
-shapes of a processor count. The search needs OR-tools (the `auto_mtf`
+shapes of a processor count. `allow_uneven=True` also considers splits a
+mesh dimension does not divide (padded, with the padding priced), and
+returns rules that allow them. The search needs OR-tools (the `auto_mtf`
 extra); importing this package does not.
 """
 

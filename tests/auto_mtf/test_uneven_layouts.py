@@ -22,6 +22,9 @@ from mesh_tensorflow.auto_mtf import machine
 from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import scheduler
 from mesh_tensorflow.auto_mtf import valid_layouts
+from mesh_tensorflow.transformer import transformer
+from tests.transformer import model_testing
+from tests.transformer import tiny_layers
 
 # Every processor computes at once; collectives of 10 us plus 0.1 ns per
 # wire byte (as in test_time_objective).
@@ -77,6 +80,26 @@ def _vocab_step(vocab=259, d_model=16, length=8):
   grads = mtf.gradients([loss], [embedding])
   mtf.optimize.SgdOptimizer(0.1).apply_grads(grads,
                                              graph.trainable_variables)
+  return graph, mesh, loss
+
+
+def _lm_step():
+  """model_testing's LM (one layer, Adafactor) with a vocabulary of 30, not
+  rounded up: 4 and 8 do not divide it."""
+  stack = transformer.make_layer_stack(
+      [tiny_layers.TinySelfAttention, tiny_layers.TinyDenseRelu],
+      num_layers=1)
+  model = transformer.Unitransformer(
+      stack, d_model=model_testing.D, input_vocab_size=model_testing.V,
+      output_vocab_size=model_testing.V, autoregressive=True,
+      vocab_divisor=1, name="decoder", max_length=model_testing.L)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  loss = model_testing.lm_loss(model, mesh)
+  variables = graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  mtf.optimize.AdafactorOptimizer(min_dim_size_to_factor=8).apply_grads(
+      grads, variables)
   return graph, mesh, loss
 
 
@@ -220,12 +243,15 @@ _COLLECTIVE_CASES = [
     ("vocab", None, "m:4", "vocab:m", "placement"),
     ("vocab", None, "b:2;m:4", "length:b;vocab:m", "simd"),
     ("vocab", None, "m:4;b:3", "vocab:m;d_model:b", "placement"),
+    ("lm", None, "b:2;m:4", "vocab:m;d_ff:b;heads:m", "placement"),
 ]
 
 
 def _builder(model, middle):
   if model == "vocab":
     return _vocab_step
+  if model == "lm":
+    return _lm_step
   return lambda: _mlp_step(hidden=100, middle=middle)
 
 
@@ -292,6 +318,34 @@ def test_graph_cost_is_the_sum_of_operation_costs(mesh_shape):
       total += cost_model.operation_cost(op, assignment, sizes,
                                          allow_uneven=True)
     assert total == cost_model.graph_cost(graph, sizes, rules).total, pairs
+
+
+def test_operations_sharing_a_cost_signature_cost_alike():
+  """The search prices one operation per signature (step_cost): under
+  uneven assignments too, where gathering depends on the operation's
+  class (random assignments, seeded)."""
+  with tf.Graph().as_default():
+    graph, _, _ = _lm_step()
+  sizes = {"m": 4, "n": 8}
+  groups = {}
+  for op in cost_model.all_operations(graph):
+    key = (cost_model.cost_dimension_names(op), cost_model.cost_signature(op))
+    groups.setdefault(key, []).append(op)
+  rng = random.Random(0)
+  for ops in groups.values():
+    names = sorted(cost_model.cost_dimension_names(ops[0]))
+    for _ in range(4 if len(ops) > 1 else 0):
+      assignment = {}
+      for name in names:
+        m = rng.choice(list(sizes) + [None])
+        if m is not None:
+          assignment[name] = m
+      want = cost_model.operation_cost(ops[0], assignment, sizes,
+                                       allow_uneven=True)
+      for op in ops[1:]:
+        assert cost_model.operation_cost(
+            op, assignment, sizes, allow_uneven=True) == want, (
+                op.name, ops[0].name, assignment)
 
 
 # ------------------------------------------------------------------ time
