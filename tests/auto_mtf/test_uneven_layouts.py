@@ -35,12 +35,32 @@ POD = machine.machine_constants({
                            "seconds_per_wire_byte": 1e-10}})
 
 
+class _Doubling(mtf.Operation):
+  """2 x, slicewise, declaring that its lowering does not handle padding:
+  the Lowering gathers its padded dimensions around it (as around any
+  operation without a padded lowering)."""
+
+  handles_padding = False
+
+  def __init__(self, x):
+    super().__init__([x], name="doubling")
+    self._outputs = [mtf.Tensor(self, x.shape, x.dtype)]
+
+  def gradient(self, grad_ys):
+    return [_Doubling(grad_ys[0]).outputs[0]]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(
+        lambda s: s * 2.0, lowering.laid_out_tensor(self.inputs[0])))
+
+
 def _mlp_step(hidden, middle=None, batch=6, d_in=8, d_out=4):
   """y = middle(relu(x @ w1)) @ w2; loss = sum(y^2); SGD on w1 and w2.
 
-  `middle` is None, "cumsum" (along hidden) or "reshape" (hidden to two
-  dimensions and back): operations whose lowering does not handle padding,
-  so that a padded hidden is gathered around them.
+  `middle` is None, "doubling" (_Doubling), "cumsum" (along hidden) or
+  "reshape" (hidden to two dimensions and back): operations that gather a
+  padded hidden, or (cumsum, reshape) have a padded lowering of their own.
 
   Returns (graph, mesh, loss).
   """
@@ -53,7 +73,9 @@ def _mlp_step(hidden, middle=None, batch=6, d_in=8, d_out=4):
   w1 = mtf.get_variable(mesh, "w1", [i, h])
   w2 = mtf.get_variable(mesh, "w2", [h, o])
   hh = mtf.relu(mtf.einsum([x, w1], [b, h]))
-  if middle == "cumsum":
+  if middle == "doubling":
+    hh = _Doubling(hh).outputs[0]
+  elif middle == "cumsum":
     hh = mtf.cumsum(hh, h)
   elif middle == "reshape":
     h2, h3 = mtf.Dimension("h2", 10), mtf.Dimension("h3", hidden // 10)
@@ -236,6 +258,8 @@ def _lowered(build, mesh_shape, rules, impl_name):
 _COLLECTIVE_CASES = [
     ("mlp", None, "m:8", "hidden:m", "placement"),
     ("mlp", None, "b:2;m:4", "batch:b;hidden:m", "simd"),
+    ("mlp", "doubling", "m:8", "hidden:m", "placement"),
+    ("mlp", "doubling", "b:2;m:4", "batch:b;hidden:m", "simd"),
     ("mlp", "cumsum", "m:8", "hidden:m", "placement"),
     ("mlp", "cumsum", "m:4;b:2", "hidden:m;d_in:b", "simd"),
     ("mlp", "reshape", "m:8", "hidden:m", "placement"),
@@ -252,7 +276,7 @@ def _builder(model, middle):
     return _vocab_step
   if model == "lm":
     return _lm_step
-  return lambda: _mlp_step(hidden=100, middle=middle)
+  return lambda: _mlp_step(hidden=90, middle=middle)
 
 
 @pytest.mark.parametrize(
@@ -267,29 +291,40 @@ def test_predicted_collectives_equal_the_lowerings_counters(
   want = cost_model.counted_collectives(counters)
   got = cost_model.graph_cost(graph, mesh_shape, rules).collectives
   assert got == want
-  if middle is not None:
-    # The operation (and its gradient) is lowered with hidden gathered: an
-    # allconcat over m of padded slices each.
+  if middle == "doubling":
+    # It (and its gradient) is lowered with hidden gathered: an allconcat
+    # over m of padded slices each.
     assert got[("allconcat", "m")]["calls"] == 2
 
 
 def test_a_padded_dimension_is_gathered_around_operations_without_padding():
   with tf.Graph().as_default():
-    graph, _, _ = _mlp_step(hidden=100, middle="cumsum")
-  cumsum = [op for op in graph.operations
-            if type(op).__name__ == "CumsumOperation"][0]  # The forward one.
-  assert not cumsum.handles_padding_of({"hidden"})
+    graph, _, _ = _mlp_step(hidden=100, middle="doubling")
+  doubling = [op for op in graph.operations
+              if isinstance(op, _Doubling)][0]  # The forward one.
+  relu = doubling.inputs[0].operation
   sizes = {"m": 8}
-  gathered = cost_model.operation_cost(cumsum, {"hidden": "m"}, sizes,
+  gathered = cost_model.operation_cost(doubling, {"hidden": "m"}, sizes,
                                        allow_uneven=True)
   # Its [batch:6, hidden:100] input: padded slices of 13, concatenated.
-  (allconcat,) = [c for c in gathered.collectives if c.kind == "allconcat"]
+  (allconcat,) = gathered.collectives
+  assert allconcat.kind == "allconcat"
   assert allconcat.slice_bytes == 6 * 13 * 4
   assert allconcat.wire_bytes == 8 * 7 * 6 * 13 * 4
-  # Then the cumsum runs on the whole [6, 100] on every processor.
-  whole = cost_model.operation_cost(cumsum, {}, sizes)
+  # Then it runs on the whole [6, 100] on every processor; its output is
+  # split again (padded) and its padding zeroed.
+  whole = cost_model.operation_cost(doubling, {}, sizes)
   assert gathered.elementwise_bytes > whole.elementwise_bytes
   assert gathered.num_ops > whole.num_ops
+  # relu handles padding: it reads and writes its padded slices, without
+  # communicating (and, unless it keeps padding zero, zeroes it after).
+  native = cost_model.operation_cost(relu, {"hidden": "m"}, sizes,
+                                     allow_uneven=True)
+  assert relu.handles_padding_of({"hidden"})
+  assert not native.collectives
+  passes = 1 if relu.padding_stays_zero else 2
+  assert native.elementwise_bytes == passes * 2 * 6 * 13 * 4
+  assert native.num_ops == passes
 
 
 @pytest.mark.parametrize("mesh_shape", ["m:8", "b:2;m:3"])
