@@ -40,6 +40,7 @@ from mesh_tensorflow.ops import mtf_abs as abs  # pylint: disable=redefined-buil
 from mesh_tensorflow.ops import mtf_pow as pow  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_range as range  # pylint: disable=redefined-builtin
 from mesh_tensorflow.ops import mtf_slice as slice  # pylint: disable=redefined-builtin
+from mesh_tensorflow.padding_report import padding_report
 from mesh_tensorflow.backend.processors import pnum_to_group
 from mesh_tensorflow.backend.processors import pnum_to_processor_coordinates
 from mesh_tensorflow.backend.processors import processor_coordinates_to_pnum
