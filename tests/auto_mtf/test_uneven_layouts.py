@@ -22,6 +22,7 @@ from mesh_tensorflow.auto_mtf import machine
 from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import scheduler
 from mesh_tensorflow.auto_mtf import valid_layouts
+from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.transformer import transformer
 from tests.transformer import model_testing
 from tests.transformer import tiny_layers
@@ -176,6 +177,24 @@ def test_layout_and_mesh_shape_passes_the_switch_on():
                                                 allow_uneven=True)
   assert mesh_shape == mtf.convert_to_shape("mesh_0:8")
   assert rules == mtf.LayoutRules([("hidden", "mesh_0")], allow_uneven=True)
+
+
+def test_cost_layout_slices_are_padded():
+  layout = cost_rules.CostLayout({"h": "m", "b": "n"}, {"m": 8, "n": 2},
+                                 allow_uneven=True)
+  dims = [("b", 6), ("h", 100), ("o", 5)]
+  assert layout.slice_sizes(dims) == [3, 13, 5]
+  assert layout.slice_elements(dims) == 3 * 13 * 5
+  assert layout.padded_names([dims, [("h", 96)]]) == {"h"}
+  whole = layout.without({"h"})
+  assert whole.slice_sizes(dims) == [3, 100, 5]
+  assert not whole.padded_names([dims])
+  # A shard name kept whole stays whole.
+  assert whole.without({"x@m"}).mesh_dim("x@m") is None
+  assert whole.mesh_dim("x@m") == "m"
+  # Even rules have no padding to price.
+  even = cost_rules.CostLayout({"h": "m"}, {"m": 8})
+  assert not even.padded_names([dims])
 
 
 # --------------------------------------------------------------- memory
