@@ -206,7 +206,16 @@ def reshape_plan(old_sizes, old_layout, new_sizes, new_layout, mesh_sizes,
 
 
 class ReshapeOperation(graph_lib.Operation):
-  """Reshapes `x` to `new_shape` (same number of elements)."""
+  """Reshapes `x` to `new_shape` (same number of elements).
+
+  Uneven splits: a reshape that keeps each padded dimension (same name and
+  size, as many elements before it, padded dimensions in the same order) is
+  a reshape of the padded tensors, whose padding lies where it should: it is
+  lowered as an even reshape of the padded sizes. Others (a padded
+  dimension merged, cut or renamed) gather the padded dimensions first.
+  """
+
+  padding_stays_zero = True
 
   def __init__(self, x, new_shape, name=None):
     super().__init__([x], name=name or "reshape")
@@ -220,6 +229,10 @@ class ReshapeOperation(graph_lib.Operation):
   def gradient(self, grad_ys):
     return [reshape(grad_ys[0], self._inputs[0].shape)]
 
+  def handles_padding_of(self, padded_names):
+    return _keeps_dimensions(self._inputs[0].shape, self._outputs[0].shape,
+                             padded_names)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     old_shape = self._inputs[0].shape
@@ -227,9 +240,10 @@ class ReshapeOperation(graph_lib.Operation):
     x = lowering.tensors[self._inputs[0]]
     lazy = x if isinstance(x, mesh_impl_lib.LazyAllreduceSum) else None
     new_layout = list(impl.tensor_layout(new_shape))
-    plan = reshape_plan(old_shape.to_integer_list,
+    new_sizes = _padded_sizes(impl, new_shape)
+    plan = reshape_plan(_padded_sizes(impl, old_shape),
                         list(impl.tensor_layout(old_shape)),
-                        new_shape.to_integer_list, new_layout,
+                        new_sizes, new_layout,
                         impl.shape.to_integer_list,
                         lazy.mesh_axes if lazy is not None else ())
     new_slice_shape = impl.slice_shape(new_shape)
@@ -245,8 +259,8 @@ class ReshapeOperation(graph_lib.Operation):
     for step in plan.steps:
       x = _lower_step(impl, x, step, lazy)
     intermediate = [
-        d.size if mesh_axis is None or mesh_axis in plan.split_after else s
-        for d, s, mesh_axis in zip(new_shape, new_slice_shape, new_layout)]
+        size if mesh_axis is None or mesh_axis in plan.split_after else s
+        for size, s, mesh_axis in zip(new_sizes, new_slice_shape, new_layout)]
     x = impl.slicewise(lambda s: tf.reshape(s, intermediate), x)
     for mesh_axis in plan.split_after:
       x = impl.allsplit(x, mesh_axis, new_layout.index(mesh_axis))
@@ -254,6 +268,31 @@ class ReshapeOperation(graph_lib.Operation):
       x = mesh_impl_lib.LazyAllreduceSum(
           impl, x, plan.pending, add_counter_fn=lazy.add_counter_fn)
     lowering.set_tensor_lowering(self._outputs[0], x)
+
+
+def _keeps_dimensions(old_shape, new_shape, names):
+  """Whether reshaping `old_shape` to `new_shape` keeps each dimension named
+  in `names`: present in both with one size, as many elements before it,
+  and in the same order among them."""
+  def positions(shape):
+    found = []
+    before = 1
+    for d in shape:
+      if d.name in names:
+        found.append((d.name, d.size, before))
+      before *= d.size
+    return found
+
+  old = positions(old_shape)
+  return len(old) == len(names) and old == positions(new_shape)
+
+
+def _padded_sizes(impl, shape):
+  """The sizes of `shape` with each unevenly split dimension padded."""
+  sizes = shape.to_integer_list
+  for axis in impl.padded_axes(shape):
+    sizes[axis.tensor_axis] = axis.slice_size * axis.pieces
+  return sizes
 
 
 def _lower_step(impl, x, step, lazy):

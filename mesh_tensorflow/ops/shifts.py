@@ -91,7 +91,18 @@ class ShiftOperation(graph_lib.Operation):
   The dimension may be split over a mesh dimension: then each processor's
   block is assembled from (at most two) blocks of other processors along that
   mesh dimension, received with `shift_by_n_processors`.
+
+  Uneven splits: padding along other dimensions moves with its processors'
+  blocks and stays zero. Along a padded dimension of size n, a shift
+  without wrap is the shift of the padded tensor (zeros follow the logical
+  end, so nothing but zeros comes in from it) with the entries shifted into
+  the padding zeroed; a wrap by o (0 < o < n) is the sum of the shifts
+  without wrap by o and by o - n, the second bringing the logical end's
+  entries to the front.
   """
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, offset, dim, wrap, name=None):
     super().__init__([x], name=name or "shift")
@@ -129,20 +140,35 @@ class ShiftOperation(graph_lib.Operation):
       y = impl.slicewise(lambda s: _local_shift(s, axis, offset, wrap), x)
       lowering.set_tensor_lowering(self._outputs[0], y)
       return
-    pieces = _shift_pieces(offset, self._dim.size,
-                           impl.slice_shape(self._inputs[0].shape)[axis],
-                           wrap)
-    if len(pieces) == 1:
-      y = impl.shift_by_n_processors(x, mesh_axis, pieces[0][0], wrap)
+    shape = self._inputs[0].shape
+    block = impl.slice_shape(shape)[axis]
+    if block * impl.shape[mesh_axis].size == self._dim.size:
+      y = _split_shift(impl, x, axis, mesh_axis, offset, self._dim.size,
+                       block, wrap)
     else:
-      (tail_blocks, rest), (head_blocks, head_size) = pieces
-      tail = impl.slicewise(lambda s: _take(s, axis, head_size, rest), x)
-      head = impl.slicewise(lambda s: _take(s, axis, 0, head_size), x)
-      tail = impl.shift_by_n_processors(tail, mesh_axis, tail_blocks, wrap)
-      head = impl.shift_by_n_processors(head, mesh_axis, head_blocks, wrap)
-      y = impl.slicewise(lambda t, h: tf.concat([t, h], axis=axis), tail,
-                         head)
+      size = self._dim.size
+      if wrap:
+        offset %= size
+      y = _split_shift(impl, x, axis, mesh_axis, offset, size, block, False)
+      if wrap:
+        y = impl.slicewise(tf.add, y, _split_shift(
+            impl, x, axis, mesh_axis, offset - size, size, block, False))
+      y = impl.fill_padding(y, shape, names={self._dim.name})
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+def _split_shift(impl, x, axis, mesh_axis, offset, size, block, wrap):
+  """Laid-out `x` shifted along tensor `axis`, split over `mesh_axis` in
+  blocks of `block` entries."""
+  pieces = _shift_pieces(offset, size, block, wrap)
+  if len(pieces) == 1:
+    return impl.shift_by_n_processors(x, mesh_axis, pieces[0][0], wrap)
+  (tail_blocks, rest), (head_blocks, head_size) = pieces
+  tail = impl.slicewise(lambda s: _take(s, axis, head_size, rest), x)
+  head = impl.slicewise(lambda s: _take(s, axis, 0, head_size), x)
+  tail = impl.shift_by_n_processors(tail, mesh_axis, tail_blocks, wrap)
+  head = impl.shift_by_n_processors(head, mesh_axis, head_blocks, wrap)
+  return impl.slicewise(lambda t, h: tf.concat([t, h], axis=axis), tail, head)
 
 
 def _shift_pieces(offset, size, block, wrap):

@@ -1,7 +1,9 @@
 """Concatenation, slicing and padding along one named dimension.
 
 These act on each slice locally, so the dimension they work along must not be
-split across the mesh (a clear LayoutError says so at lowering).
+split across the mesh (a clear LayoutError says so at lowering). Under
+uneven splits the other dimensions may be padded: the padding keeps its
+place in each slice and stays zero (pad adds zeros).
 """
 
 import tensorflow as tf
@@ -14,6 +16,9 @@ from mesh_tensorflow.ops import cost_rules
 
 class ConcatOperation(graph_lib.Operation):
   """Concatenates tensors along the dimension named `concat_dim_name`."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, xs, concat_dim_name, name=None):
     super().__init__(xs, name=name or "concat")
@@ -72,6 +77,9 @@ def concat(xs, concat_dim_name, name=None):
 class SliceOperation(graph_lib.Operation):
   """Takes `size` entries from `begin` along one dimension."""
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, x, begin, size, slice_dim_name, name=None):
     super().__init__([x], name=name or "slice")
     self._axis = x.shape.index(
@@ -122,6 +130,9 @@ def mtf_slice(x, begin, size, slice_dim_name, name=None):
 
 class PadOperation(graph_lib.Operation):
   """Pads with zeros before and after along one dimension."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, paddings, pad_dim_name, name=None):
     super().__init__([x], name=name or "pad")

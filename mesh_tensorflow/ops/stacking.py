@@ -52,6 +52,9 @@ def split(x, split_dim, num_or_size_splits, name=None):
 class SplitOperation(graph_lib.Operation):
   """Splits a tensor into pieces along one (unsplit) dimension."""
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, x, split_dim, num_or_size_splits, name=None):
     super().__init__([x], name=name or "split")
     self._split_dim = shape_lib.dimension_of(x.shape, split_dim, f"split {self.name!r}")
@@ -116,6 +119,9 @@ def stack(xs, dim_name, axis=0, name=None):
 class StackOperation(graph_lib.Operation):
   """Stacks tensors along a new dimension (which may be split)."""
 
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, xs, dim_name, axis, name=None):
     xs = list(xs)
     if not xs:
@@ -161,11 +167,11 @@ class StackOperation(graph_lib.Operation):
     axis = self._axis
     y = impl.slicewise(lambda *xs: tf.stack(xs, axis=axis),
                        *[lowering.tensors[x] for x in self._inputs])
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._new_dim)
-    if mesh_axis is not None:
+    if impl.tensor_dimension_to_mesh_axis(self._new_dim) is not None:
       # Every processor holds all inputs; it keeps its block of the new
-      # dimension.
-      y = impl.allsplit(y, mesh_axis, axis)
+      # dimension (padded with zeros if the split is uneven).
+      y = impl.split_dimensions(y, self._outputs[0].shape,
+                                {self._new_dim.name})
     lowering.set_tensor_lowering(self._outputs[0], y)
 
 
@@ -180,6 +186,9 @@ def unstack(x, dim, name=None):
 
 class UnstackOperation(graph_lib.Operation):
   """Removes one dimension, returning its entries as separate tensors."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, dim, name=None):
     super().__init__([x], name=name or "unstack")
@@ -198,10 +207,10 @@ class UnstackOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     axis, num = self._axis, self._dim.size
     x = lowering.tensors[self._inputs[0]]
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
-    if mesh_axis is not None:
-      # Each output is needed whole on every processor.
-      x = impl.allconcat(x.to_laid_out_tensor(), mesh_axis, axis)
+    if impl.tensor_dimension_to_mesh_axis(self._dim) is not None:
+      # Each output is needed whole on every processor (without the
+      # padding of an uneven split).
+      x = impl.gather_dimensions(x, self._inputs[0].shape, {self._dim.name})
     values = impl.slicewise(lambda s: tuple(tf.unstack(s, num, axis=axis)), x)
     if not isinstance(values, tuple):
       values = (values,)
