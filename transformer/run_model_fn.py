@@ -264,6 +264,8 @@ def tpu_estimator_model_fn(model_type,
     variable_dtype = run_settings.get_variable_dtype()
 
     def lower(log_file=None):
+      # What uneven splits (utils.run.allow_uneven_splits) pad, if any.
+      mtf.padding_report(graph, {mesh: mesh_impl})
       return mtf.Lowering(graph, {mesh: mesh_impl}, autostack=autostack,
                           log_file=log_file)
 

@@ -444,6 +444,7 @@ def run(tpu_job_name,
         train_hooks=None,
         shard_weight_update=False,
         shard_parameters=False,
+        allow_uneven_splits=False,
         seed=None):
   """Runs training, evaluation, inference, scoring or export (`mode`).
 
@@ -506,6 +507,10 @@ def run(tpu_job_name,
       mtf.shard_data_parallel). Same numbers and checkpoints.
     shard_parameters: also store the weights as shards, gathered where they
       are used (ZeRO-3).
+    allow_uneven_splits: let the layout split dimensions its mesh dimensions
+      do not divide (padded; mtf.LayoutRules(allow_uneven=True)), e.g. a
+      vocabulary of 32,100 over "model:8". The padding each graph pays is
+      logged when it is lowered (mtf.padding_report).
     seed: an int makes a run repeatable: two runs of one command on one
       mesh give the same losses, step for step. It seeds the shuffles of
       `dataset`'s functions (the data order) and TensorFlow's global seed
@@ -554,6 +559,8 @@ def run(tpu_job_name,
     return run(**arguments)
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   layout_rules = mtf.convert_to_layout_rules(layout_rules)
+  if allow_uneven_splits:
+    layout_rules = layout_rules.with_uneven()
   if not isinstance(batch_size, int):
     batch_size = compute_batch_size(sequence_length, mesh_shape,
                                     layout_rules, batch_size)
