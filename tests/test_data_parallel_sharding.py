@@ -7,10 +7,12 @@ counters (bytes, slots, work) in test_sharding_counters.py.
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.strategies import data_parallel_sharding as dps
 from tests import mtf_testing
+from tests import sharding_training
 
 D_MODEL = mtf.Dimension("d_model", 16)
 D_FF = mtf.Dimension("d_ff", 64)
@@ -244,3 +246,75 @@ def test_recompute_blocks_gather_sharded_parameters_again():
   # gathers it again in the backward pass instead of keeping it.
   assert _gathers_of_sharded_mlp(recompute=False) == 2
   assert _gathers_of_sharded_mlp(recompute=True) == 4
+
+
+def test_uneven_splits_shard_what_no_size_divides():
+  """With uneven splits, a variable that no data-parallel mesh dimension
+  divides is sharded anyway (padded), over the dimension that leaves the
+  smallest shard; a divisible dimension is still preferred."""
+  uneven = mtf.convert_to_layout_rules("batch:b;d_ff:m").with_uneven()
+  sharding = _sharding(layout=uneven)
+  assert _names(sharding.plan_variable("bias", [ODD])) == ["odd@b"]
+  assert sharding.decisions["bias"] == "sharded: odd@b over b"
+  assert _names(sharding.update_shape([ODD, D_MODEL])) == [
+      "odd", "d_model@b"]
+  # Over b:4, 6 leaves shards of 2 of 6, 5 shards of 2 of 5.
+  x, y = mtf.Dimension("x", 5), mtf.Dimension("y", 6)
+  assert _names(sharding.update_shape([x, y])) == ["x", "y@b"]
+  # A dimension of 1 would be a whole copy: kept whole, as without.
+  one = mtf.Dimension("one", 1)
+  assert sharding.plan_variable("s", [one]) == mtf.Shape([one])
+  assert "no unsplit dimension whose size b" in sharding.decisions["s"]
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("b:4;m:2", uneven)
+  assert impl.slice_shape(sharding.update_shape([ODD])) == [1]
+
+
+def _uneven_optimizers():
+  return [("adam/", mtf.optimize.AdamWeightDecayOptimizer(0.01)),
+          ("adafactor/", mtf.optimize.AdafactorOptimizer(
+              min_dim_size_to_factor=4))]
+
+
+def _uneven_mlp_loss(mesh):
+  """One MLP per optimizer of _uneven_optimizers, of sizes 8 does not
+  divide (but the batch)."""
+  rng = np.random.RandomState(0)
+  batch, d_in, hidden, d_out, gain_dim = (
+      mtf.Dimension(n, k) for n, k in
+      (("batch", 8), ("d_in", 6), ("hidden", 5), ("d_out", 4), ("gain", 3)))
+  x = mtf_testing.import_array(
+      mesh, rng.randn(8, 6).astype(np.float32), [batch, d_in])
+  y = mtf_testing.import_array(
+      mesh, rng.randn(8, 4).astype(np.float32), [batch, d_out])
+  losses = []
+  for prefix, _ in _uneven_optimizers():
+    with tf.compat.v1.variable_scope(prefix.rstrip("/")):
+      w1 = mtf.get_variable(mesh, "w1", [d_in, hidden])
+      w2 = mtf.get_variable(mesh, "w2", [hidden, d_out])
+      gain = mtf.get_variable(mesh, "gain", [gain_dim],
+                              initializer=tf.ones_initializer())
+    h = mtf.relu(mtf.einsum([x, w1], [batch, hidden]))
+    out = mtf.einsum([h, w2], [batch, d_out]) * mtf.reduce_mean(gain)
+    losses.append(mtf.reduce_mean(mtf.square(out - y)))
+  return mtf.add_n(losses)
+
+
+@pytest.mark.parametrize("sharding", ["update", "parameters"])
+def test_uneven_sharding_trains_to_the_same_values(sharding):
+  """MLPs with no size 8 divides (Adam, and Adafactor whose factored
+  statistics reduce over the padded shards), trained with uneven sharding
+  over b:8, reach the unsharded values, weights and slots; the slots (and
+  with sharded parameters the weights) are held in padded shards."""
+  layout = mtf.convert_to_layout_rules("batch:b").with_uneven()
+  args = (_uneven_mlp_loss, _uneven_optimizers, "b:8", layout, "function")
+  want, _, _ = sharding_training.train_variables(*args, "none", 3)
+  got, _, slice_shapes = sharding_training.train_variables(*args, sharding,
+                                                           3)
+  assert set(got) == set(want)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  assert slice_shapes["adam/gain/adam_m"] == [1]
+  assert slice_shapes["adam/w1/adam_m"] == [1, 5]  # d_in 6 -> 8.
+  assert slice_shapes["adam/gain"] == ([1] if sharding == "parameters"
+                                       else [3])

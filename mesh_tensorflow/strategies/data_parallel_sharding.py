@@ -10,7 +10,10 @@ splits that work and the slots over the group; sharding the parameters too
 In Mesh TensorFlow terms both are layouts. One dimension of the variable
 that no layout rule splits, and whose size the data-parallel mesh dimension
 divides, is renamed to a shard dimension "<name>@<mesh dim>", which every
-LayoutRules splits over that mesh dimension (`shape.shard_dimension_name`):
+LayoutRules splits over that mesh dimension (`shape.shard_dimension_name`).
+With uneven splits (`LayoutRules(..., allow_uneven=True)`) a variable that no
+such dimension divides is sharded too, padded, over the dimension that
+leaves the smallest shard:
 
 - sharded updates: the optimizer renames the gradient into the variable's
   "update shape". The gradient is still a pending sum over the batch's
@@ -45,6 +48,14 @@ from mesh_tensorflow.ops import variables as variables_lib
 _SPLIT_ALREADY = "its layout splits it over {mesh_dim} already"
 _NO_DIVISIBLE_DIM = ("no unsplit dimension whose size {mesh_dim} (size "
                      "{size}) divides")
+
+
+def _padded_shard_key(size, pieces, index):
+  """Orders the dimensions a padded shard could cut: the smallest shard of
+  the variable first (the fewest of its elements per processor, i.e. the
+  least ceil(size / pieces) / size), then the largest dimension, then the
+  first."""
+  return (-(-size // pieces) / size, -size, index)
 
 
 def default_data_mesh_dims(mesh_shape, layout_rules):
@@ -131,15 +142,22 @@ class DataParallelSharding(extensions.MeshExtension):
                    mesh_dim.name for d in dims):
           reasons.append(_SPLIT_ALREADY.format(mesh_dim=mesh_dim.name))
         continue
-      candidates = [
-          i for i, d in enumerate(dims)
-          if self._mesh_dim_of(d) is None and d.size % mesh_dim.size == 0
-          and d.size > 0]
-      if not candidates:
+      unsplit = [i for i, d in enumerate(dims)
+                 if self._mesh_dim_of(d) is None and d.size > 0]
+      candidates = [i for i in unsplit if dims[i].size % mesh_dim.size == 0]
+      if candidates:
+        best = max(candidates, key=lambda i: (dims[i].size, -i))
+      elif self.layout_rules.allow_uneven and any(
+          dims[i].size > 1 for i in unsplit):
+        # A dimension of 1 would be padded to a whole copy on every
+        # processor: never worth it.
+        best = min((i for i in unsplit if dims[i].size > 1),
+                   key=lambda i: _padded_shard_key(dims[i].size,
+                                                   mesh_dim.size, i))
+      else:
         reasons.append(_NO_DIVISIBLE_DIM.format(mesh_dim=mesh_dim.name,
                                                 size=mesh_dim.size))
         continue
-      best = max(candidates, key=lambda i: (dims[i].size, -i))
       base, _ = shape_lib.split_shard_dimension_name(dims[best].name)
       dims[best] = shape_lib.Dimension(
           shape_lib.shard_dimension_name(base, mesh_dim.name),
