@@ -23,7 +23,10 @@ library's own Transformer graph (built, never lowered), the shapes of slots
 and sharded variables from an mtf graph with mtf.shard_data_parallel and the
 real optimizer, and the bytes from `MeshImpl.slice_size` of each shape on
 the mesh. A variable none of whose dimensions N divides stays whole (at
-N = 512 the 32128 x 768 embedding does: neither size is a multiple of 512).
+N = 512 the 32128 x 768 embedding does: neither size is a multiple of 512),
+unless --uneven: then the layout allows uneven splits
+(mtf.LayoutRules(..., allow_uneven=True)) and such a variable is sharded
+too, padded to a multiple of N (the padding is counted).
 Activations are not counted (they depend on batch and length, not on this).
 
 Sharding needs some whole copies for a moment: at least the unreduced
@@ -39,6 +42,7 @@ heads of 64) whose peak (parameters + slots + gradients + transient) fits
 Markdown tables on stderr (unless --no_table).
 
   python benchmarks/zero_memory.py [--budget_gib 16] [--layers 12,24,48]
+      [--uneven]
 """
 
 import argparse
@@ -80,6 +84,9 @@ def parse_args(argv):
   p.add_argument("--no_search", action="store_true",
                  help="skip the largest-model search")
   p.add_argument("--no_table", action="store_true")
+  p.add_argument("--uneven", action="store_true",
+                 help="allow uneven splits: shard (padded) the variables "
+                 "no dimension of which N divides")
   return p.parse_args(argv)
 
 
@@ -130,7 +137,7 @@ def mtf_optimizer(mtf, name):
 
 
 @functools.lru_cache(maxsize=None)
-def variable_bytes(shape_key, n, regime, optimizer):
+def variable_bytes(shape_key, n, regime, optimizer, uneven=False):
   """Per-processor (parameter, slot, gradient) bytes of one variable.
 
   Counted from the layouts (see the module docstring): the variable, under
@@ -144,10 +151,12 @@ def variable_bytes(shape_key, n, regime, optimizer):
     n: the number of data-parallel processors.
     regime: "plain", "update" or "parameters".
     optimizer: "adafactor" or "adam".
+    uneven: whether the layout allows uneven (padded) splits.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  mesh_shape, layout = f"batch:{n}", "batch:batch"
+  mesh_shape = f"batch:{n}"
+  layout = mtf.LayoutRules([("batch", "batch")], allow_uneven=uneven)
   mesh_impl = mtf.mesh_impl.MeshImpl(mesh_shape, layout)
   shape = mtf.Shape([mtf.Dimension(name, size) for name, size in shape_key])
   graph = mtf.Graph()
@@ -175,7 +184,7 @@ def variable_bytes(shape_key, n, regime, optimizer):
 TRANSIENT_COPIES = {"plain": 0, "update": 1, "parameters": 2}
 
 
-def model_bytes(variables, n, regime, optimizer):
+def model_bytes(variables, n, regime, optimizer, uneven=False):
   """Per-processor bytes {"parameters", "slots", "gradients", "total",
   "transient", "peak"}: at rest, then the least a step needs on top
   (TRANSIENT_COPIES of the largest variable sharding splits), then both."""
@@ -183,7 +192,7 @@ def model_bytes(variables, n, regime, optimizer):
   largest = 0
   for _, shape in variables:
     key = tuple((d.name, d.size) for d in shape.dims)
-    per_variable = variable_bytes(key, n, regime, optimizer)
+    per_variable = variable_bytes(key, n, regime, optimizer, uneven)
     for i, b in enumerate(per_variable):
       totals[i] += b
     if per_variable[2] < 4 * shape.size:  # Its gradient is sharded.
@@ -207,7 +216,8 @@ def largest_d_model(tf, mtf, args, num_layers, n, regime, optimizer,
 
   def fits(k):
     variables = variables_of(k * step, num_layers)
-    return model_bytes(variables, n, regime, optimizer)["peak"] <= budget
+    return model_bytes(variables, n, regime, optimizer,
+                       args.uneven)["peak"] <= budget
 
   if not fits(1):
     return None
@@ -248,14 +258,14 @@ def main(argv=None):
   for optimizer in optimizers:
     for n in processors:
       for regime in REGIMES:
-        b = model_bytes(variables, n, regime, optimizer)
+        b = model_bytes(variables, n, regime, optimizer, args.uneven)
         record = {
             "benchmark": "zero_memory", "model": "t5_base_like",
             "d_model": args.d_model, "d_ff": args.d_ff,
             "num_heads": args.num_heads, "d_kv": args.d_kv,
             "vocab": args.vocab, "num_layers": args.num_layers,
             "parameters": count, "optimizer": optimizer, "processors": n,
-            "sharding": regime,
+            "sharding": regime, "uneven": args.uneven,
             **{f"{k}_bytes": v for k, v in b.items()},
             **{f"{k}_gib": gib(v) for k, v in b.items()},
         }
@@ -275,7 +285,7 @@ def main(argv=None):
                 "benchmark": "zero_memory", "search": "largest_d_model",
                 "budget_gib": args.budget_gib, "optimizer": optimizer,
                 "num_layers": num_layers, "processors": n,
-                "sharding": regime, "d_model": d,
+                "sharding": regime, "uneven": args.uneven, "d_model": d,
                 "d_ff": d and 4 * d, "num_heads": d and d // args.d_kv,
                 "parameters": params}
             bench_util.emit(record)
@@ -292,7 +302,8 @@ def print_tables(rows, search, args):
         "transient: whole copies of the largest sharded variable a step "
         "needs at least; peak = total + transient), "
         f"{args.num_layers}+{args.num_layers} layers, d_model "
-        f"{args.d_model}, {rows[0]['parameters']:,} parameters:")
+        f"{args.d_model}, {rows[0]['parameters']:,} parameters"
+        f"{', uneven splits (padded)' if args.uneven else ''}:")
   print()
   print("| optimizer | N | sharding | parameters | slots | gradients "
         "| total | transient | peak |")
