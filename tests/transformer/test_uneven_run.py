@@ -3,8 +3,9 @@
 The tiny model of `test_main` (2 heads, batch 8), with d_ff 36, on the
 original's gin layout `layouts/2x2_mp.gin` ("model:8" splitting heads, d_ff
 and vocab), which divides neither its heads nor d_ff: refused without the
-switch, with it the run trains, logs what is padded and what it costs, and
-its checkpoint holds the logical shapes.
+switch, with it the run logs what is padded and what it costs, and trains
+to the variables of a run on one processor (its checkpoint holds the
+logical shapes).
 """
 
 import logging
@@ -30,6 +31,8 @@ PARAMS += ["d_ff = 36", "utils.run.train_steps = 2",
            "utils.run.iterations_per_loop = 2",
            "utils.run.save_checkpoints_steps = 2"]
 SWITCH = "utils.run.allow_uneven_splits = True"
+FLOAT32 = ["utils.get_variable_dtype.master_dtype = 'float32'",
+           "utils.get_variable_dtype.slice_dtype = 'float32'"]
 
 
 def _run(model_dir, *params):
@@ -52,10 +55,19 @@ def test_refused_without_the_switch_which_the_error_names(tmp_path):
     _run(tmp_path / "run")
 
 
-def test_trains_and_reports_the_padding(tmp_path, caplog):
+def _checkpoint_values(model_dir):
+  checkpoint = tf.train.latest_checkpoint(str(model_dir))
+  assert checkpoint.endswith("-2"), checkpoint
+  reader = tf.train.load_checkpoint(checkpoint)
+  return {name: reader.get_tensor(name)
+          for name, _ in tf.train.list_variables(checkpoint)}
+
+
+def test_trains_like_one_processor_and_reports_the_padding(tmp_path,
+                                                           caplog):
   # INFO, as the binary logs by default under app.run.
   caplog.set_level(logging.INFO)
-  _run(tmp_path, SWITCH)
+  _run(tmp_path / "uneven", SWITCH, *FLOAT32)
   messages = [r.getMessage() for r in caplog.records]
   assert any(m.startswith("Padded dimension heads (size 2) over model:8 -> "
                           "8 (+300.0%)") for m in messages), messages[-40:]
@@ -65,14 +77,16 @@ def test_trains_and_reports_the_padding(tmp_path, caplog):
              for m in messages)
   assert any(m.startswith("Padding cost, memory of variables: ")
              for m in messages)
-  checkpoint = tf.train.latest_checkpoint(str(tmp_path))
-  assert checkpoint.endswith("-2")
-  shapes = dict(tf.train.list_variables(checkpoint))
-  wi = [s for n, s in shapes.items()
+  got = _checkpoint_values(tmp_path / "uneven")
+  wi = [v.shape for n, v in got.items()
         if n.endswith("DenseReluDense/wi/kernel")]
-  assert wi and all(s == [16, 36] for s in wi), shapes
-  reader = tf.train.load_checkpoint(checkpoint)
-  for name in shapes:
-    value = reader.get_tensor(name)
-    if value.dtype.kind == "f":
-      assert np.all(np.isfinite(value)), name
+  assert wi and all(s == (16, 36) for s in wi), wi
+  # The same run on one processor: the same variables (weights, slots and
+  # step) after the same steps.
+  _run(tmp_path / "one", "utils.run.mesh_shape = 'all:1'",
+       "utils.run.layout_rules = ''", *FLOAT32)
+  want = _checkpoint_values(tmp_path / "one")
+  assert set(got) == set(want)
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5,
+                               err_msg=name)
