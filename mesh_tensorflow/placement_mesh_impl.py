@@ -25,6 +25,7 @@ from tensorflow.python.ops import nccl_ops  # pylint: disable=g-direct-tensorflo
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
+from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import placement_collectives
 from mesh_tensorflow.backend import placement_variables
 from mesh_tensorflow import shape as shape_lib
@@ -400,6 +401,8 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       with tf.device(self._devices[0]):
         whole = self._random_sampler(shape, tf_fn, kwargs, whole=True)(
             [0] * shape.ndims)
+        # Slices of an uneven split reach into the padding (zeroed after).
+        whole = padding.pad_full(whole, self.padded_axes(shape))
     else:
       sample = self._random_sampler(shape, tf_fn, kwargs)
     slice_shape = self.slice_shape(shape)

@@ -44,8 +44,6 @@ class AddOperation(comparisons.BinaryOpWithBroadcasting):
   """x1 + x2 (or x1 - x2 with `subtract`); keeps pending allreduces pending
   when it can."""
 
-  padding_stays_zero = True  # 0 + 0
-
   def __init__(self, x1, x2, output_shape=None, name=None, subtract=False):
     self._subtract = subtract
     super().__init__(tf.subtract if subtract else tf.add, x1, x2,
@@ -53,6 +51,11 @@ class AddOperation(comparisons.BinaryOpWithBroadcasting):
                      name=name or ("sub" if subtract else "add"))
 
   has_gradient = graph_lib.Operation.has_gradient
+
+  @property
+  def padding_stays_zero(self):
+    """0 + 0 = 0, unless an operand is broadcast (see broadcasts_none)."""
+    return comparisons.broadcasts_none(self._inputs, self._outputs[0].shape)
 
   def gradient(self, grad_ys):
     dy = grad_ys[0]
@@ -79,13 +82,16 @@ class MinMaxOperation(comparisons.BinaryOpWithBroadcasting):
   TensorFlow's Minimum/Maximum gradients do).
   """
 
-  padding_stays_zero = True  # max(0, 0)
-
   def __init__(self, tf_fn, x1, x2, output_shape=None, name=None):
     super().__init__(tf_fn, x1, x2, output_shape=output_shape,
                      name=name or "min_max")
 
   has_gradient = graph_lib.Operation.has_gradient
+
+  @property
+  def padding_stays_zero(self):
+    """max(0, 0) = 0, unless an operand is broadcast (a scalar, say)."""
+    return comparisons.broadcasts_none(self._inputs, self._outputs[0].shape)
 
   def gradient(self, grad_ys):
     dy = grad_ys[0]
@@ -244,7 +250,6 @@ class WhereOperation(graph_lib.Operation):
   """Element-wise choice between if_true and if_false by a bool condition."""
 
   handles_padding = True
-  padding_stays_zero = True  # the condition's padding picks y's
 
   def __init__(self, condition, if_true, if_false, output_shape=None,
                name=None):
@@ -262,6 +267,12 @@ class WhereOperation(graph_lib.Operation):
                                     context="where"),
         if_false.shape, output_shape, "where")
     self._outputs = [graph_lib.Tensor(self, shape, if_true.dtype)]
+
+  @property
+  def padding_stays_zero(self):
+    """Either branch's padding is zero, unless a branch is broadcast."""
+    return comparisons.broadcasts_none(self._inputs[1:],
+                                       self._outputs[0].shape)
 
   def gradient(self, grad_ys):
     condition, x, y = self._inputs
@@ -312,7 +323,6 @@ class AddNOperation(graph_lib.Operation):
   """The sum of several tensors, broadcast by dimension name."""
 
   handles_padding = True
-  padding_stays_zero = True
 
   def __init__(self, xs, output_shape=None, name=None):
     super().__init__(xs, name=name or "add_n")
@@ -327,6 +337,11 @@ class AddNOperation(graph_lib.Operation):
     if output_shape is not None:
       shape = comparisons.broadcast_shape(shape, shape, output_shape, self.name)
     self._outputs = [graph_lib.Tensor(self, shape, xs[0].dtype)]
+
+  @property
+  def padding_stays_zero(self):
+    """A sum of zeros, unless an operand is broadcast."""
+    return comparisons.broadcasts_none(self._inputs, self._outputs[0].shape)
 
   def gradient(self, grad_ys):
     dy = grad_ys[0]

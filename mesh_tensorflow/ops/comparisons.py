@@ -43,6 +43,17 @@ def broadcast_shape(shape1, shape2, output_shape=None, context="binary op"):
       shape1.dims + [d for d in shape2.dims if d not in shape1.dims])
 
 
+def broadcasts_none(operands, output_shape):
+  """Whether every operand has every dimension of `output_shape`.
+
+  Then an element-wise op with f(0, ..., 0) = 0 keeps its output's padding
+  zero (uneven splits): an operand broadcast along a padded dimension
+  would fill that dimension's padding with its own values.
+  """
+  names = set(output_shape.dimension_names)
+  return all(names <= set(x.shape.dimension_names) for x in operands)
+
+
 def require_a_tensor(x1, x2):
   """Raises TypeError unless x1 or x2 is an mtf Tensor."""
   if not isinstance(x1, graph_lib.Tensor) and not isinstance(

@@ -266,7 +266,6 @@ class BroadcastOperation(graph_lib.Operation):
   (in any order)."""
 
   handles_padding = True
-  padding_stays_zero = True
 
   def __init__(self, x, output_shape, name=None):
     super().__init__([x], name=name or "broadcast")
@@ -277,6 +276,12 @@ class BroadcastOperation(graph_lib.Operation):
           f"Cannot broadcast {x.name} {x.shape} to {output_shape}: {missing} "
           "are missing from the output shape.")
     self._outputs = [graph_lib.Tensor(self, output_shape, x.dtype)]
+
+  @property
+  def padding_stays_zero(self):
+    """Only a transpose keeps it zero: x is copied into the padding of a
+    new dimension."""
+    return comparisons.broadcasts_none(self._inputs, self._outputs[0].shape)
 
   def gradient(self, grad_ys):
     return [reduce_sum(grad_ys[0], output_shape=self._inputs[0].shape)]

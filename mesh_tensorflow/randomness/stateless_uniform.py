@@ -109,8 +109,16 @@ def unit_uniform(seed, full_shape, slice_shape, begin):
   if full_size <= WHOLE_TENSOR_ELEMENTS:
     values = tf.reshape(_kernel(seed, full_size, 0), full_shape)
     if list(full_shape) != list(slice_shape):
-      values = tf.slice(values, [tf.cast(b, tf.int64) if isinstance(
-          b, tf.Tensor) else int(b) for b in begin], slice_shape)
+      # A slice of an uneven split may reach past the end, or lie wholly
+      # beyond it: its padding, whose values do not matter (the lowering
+      # zeroes it). So pad by a slice, and start at most at the end.
+      values = tf.pad(values, [[0, part if part < whole else 0]
+                               for part, whole in zip(slice_shape,
+                                                      full_shape)])
+      values = tf.slice(values, [
+          tf.minimum(tf.cast(b, tf.int64), whole) if isinstance(
+              b, tf.Tensor) else min(int(b), whole)
+          for b, whole in zip(begin, full_shape)], slice_shape)
     return tf.reshape(values, [-1])
   if _is_one_run(full_shape, slice_shape):
     start = _linear_start(full_shape, begin)
