@@ -16,6 +16,12 @@ limits of TensorFlow's kernels (5 for oneDNN's softmax and for the groups
 of a broadcast), which tensors of rank <= 5 never meet. Every operation
 keeps its output within MAX_RANK and MAX_ELEMENTS, so that programs stay
 cheap: base dimensions are mostly of sizes 2 and 4.
+
+Half of the layouts switch uneven splits on (`LayoutRules(...,
+allow_uneven=True)`): their rules may then split a dimension over a mesh
+dimension that does not divide its size, which the lowering pads (sizes 3
+and 6, and the small sizes over larger meshes), so the same property
+checks the padding of every operation the programs use.
 """
 
 import dataclasses
@@ -26,7 +32,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from tests import mtf_testing
 
-SIZES = (2, 2, 4, 4, 8, 6)
+SIZES = (2, 2, 4, 4, 8, 6, 3)
 NUM_BASE_DIMS = 7
 MAX_RANK = 7
 MAX_ELEMENTS = 4096
@@ -438,12 +444,14 @@ def max_rank(seed, num_ops=None):
   return max(shape.ndims for shape in _tensor_shapes(seed, num_ops))
 
 
-def random_layout(rng, mesh_shape, dim_sizes):
+def random_layout(rng, mesh_shape, dim_sizes, allow_uneven=False):
   """Layout rules splitting some dimensions over mesh dimensions.
 
-  Mostly valid: a dimension goes to a mesh dimension that divides all its
-  sizes and that no other rule uses; now and then to any mesh dimension, so
-  that the errors are exercised too.
+  Mostly valid: a dimension goes to a mesh dimension that no other rule
+  uses and that divides all its sizes (if `allow_uneven`, mostly to one
+  that does not, padded); now and then to any mesh dimension, so that the
+  errors are exercised too. With `allow_uneven`, LayoutRules with the switch on;
+  otherwise a rules string.
   """
   mesh = {name: int(size) for name, size in
           (part.split(":") for part in mesh_shape.split(";"))}
@@ -451,8 +459,12 @@ def random_layout(rng, mesh_shape, dim_sizes):
   for name in sorted(dim_sizes):
     if rng.rand() >= 0.4:
       continue
-    fitting = [m for m in sorted(mesh) if m not in used
-               and all(size % mesh[m] == 0 for size in dim_sizes[name])]
+    fitting = [m for m in sorted(mesh) if m not in used and (
+        allow_uneven or all(size % mesh[m] == 0 for size in dim_sizes[name]))]
+    uneven = [m for m in fitting
+              if any(size % mesh[m] for size in dim_sizes[name])]
+    if uneven and rng.rand() < 0.7:
+      fitting = uneven  # mostly pad when padding is allowed
     if rng.rand() < 0.85:
       if not fitting:
         continue
@@ -461,7 +473,27 @@ def random_layout(rng, mesh_shape, dim_sizes):
       choice = sorted(mesh)[rng.randint(len(mesh))]
     used.add(choice)
     rules.append(f"{name}:{choice}")
+  if allow_uneven:
+    return mtf.LayoutRules([tuple(rule.split(":")) for rule in rules],
+                           allow_uneven=True)
   return ";".join(rules)
+
+
+def padded_dimensions(seed, mesh_shape, layout, num_ops=None):
+  """Names of the program's dimensions that `layout` splits unevenly (has
+  some size the mesh dimension does not divide), padded in lowering."""
+  layout = mtf.convert_to_layout_rules(layout)
+  if not layout.allow_uneven:
+    return set()
+  mesh = mtf.convert_to_shape(mesh_shape)
+  names = set()
+  for name, sizes in dimension_sizes(seed, num_ops).items():
+    for size in sizes:
+      axis = layout.tensor_dimension_to_mesh_axis(
+          mtf.Dimension(name, size), mesh)
+      if axis is not None and size % mesh.dims[axis].size:
+        names.add(name)
+  return names
 
 
 def check(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
@@ -500,12 +532,16 @@ def check(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
 
 
 def cases(count, first_seed=0):
-  """(seed, mesh_shape, layout, mode) cases, deterministic."""
+  """(seed, mesh_shape, layout, mode) cases, deterministic; half of them
+  with uneven splits allowed."""
   rng = np.random.RandomState(first_seed + 12345)
+  # Its own generator: the other draws do not depend on the switch's.
+  uneven_rng = np.random.RandomState(first_seed + 54321)
   result = []
   for seed in range(first_seed, first_seed + count):
     mesh_shape = MESHES[rng.randint(len(MESHES))]
-    layout = random_layout(rng, mesh_shape, dimension_sizes(seed))
+    layout = random_layout(rng, mesh_shape, dimension_sizes(seed),
+                           allow_uneven=bool(uneven_rng.rand() < 0.5))
     mode = mtf_testing.MODES[rng.randint(len(mtf_testing.MODES))]
     result.append((seed, mesh_shape, layout, mode))
   return result
