@@ -161,13 +161,16 @@ def make_keras_step(tf, keras, args):
 
 
 def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement",
-                  gin_params=(), counters=None, sharding=None):
+                  gin_params=(), counters=None, sharding=None, vocab=VOCAB,
+                  on_lowering=None):
   """This project's `tiny` LM (as models/tiny.gin builds it), one step.
 
   `gin_params` are bound after models/tiny.gin; `counters`, a dict, gets the
   lowering's counters (collective calls and bytes of one step) when traced.
   `sharding`: None, "update" (weight updates sharded over the batch's mesh
   dimension) or "parameters" (ZeRO-3), through mtf.shard_data_parallel.
+  `vocab`: the vocabulary size (tokens of the batch stay below VOCAB);
+  `on_lowering`: optional fn(graph, mesh_impl) called once when traced.
   """
   from mesh_tensorflow.transformer import transformer  # pylint: disable=g-import-not-at-top
   if impl == "simd":
@@ -193,8 +196,8 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement",
     gin.parse_config([
         "utils.get_variable_dtype.activation_dtype = 'float32'",
         f"dropout_rate = {args.dropout}", *gin_params], skip_unknown=unknown)
-    return utils.build_model("lm", input_vocab_size=VOCAB,
-                             output_vocab_size=VOCAB, layout_rules=layout,
+    return utils.build_model("lm", input_vocab_size=vocab,
+                             output_vocab_size=vocab, layout_rules=layout,
                              mesh_shape=mesh_shape), utils.get_variable_dtype()
 
   model, variable_dtype = build_model()
@@ -218,6 +221,8 @@ def make_mtf_step(tf, mtf, args, mesh_shape, layout, impl="placement",
       if counters is not None:
         counters.clear()
         counters.update(lowering.counters)
+      if on_lowering is not None:
+        on_lowering(graph, mesh_impl)
       return bench_util.loss_after_updates(tf, lowering, loss, ops)
 
   @tf.function(autograph=False)  # No Python control flow on tensors.

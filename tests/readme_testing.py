@@ -58,6 +58,8 @@ COVERAGE = {
     "cluster = mtf.cluster.connect(": [
         "not run: it needs two machines (host0, host1); tests/cluster runs "
         "the same calls with two tasks on this machine"],
+    "impl = mtf.MeshImpl(\"b:2;m:4\", rules)": [
+        f"{PROGRAMS}::test_uneven_split_example_prints_padded_slices"],
     "IndivisibleError: Tensor import:0": [
         f"{PROGRAMS}::test_error_message_example_is_the_real_one"],
     "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [
@@ -82,6 +84,9 @@ DOCS_COVERAGE = {
 # Binary settings given in running text -> the tests that run them, or
 # "not run: <why>".
 INLINE_COVERAGE = {
+    "--gin_param=\"utils.run.allow_uneven_splits = True\"": [
+        "tests/transformer/test_uneven_run.py::"
+        "test_trains_like_one_processor_and_reports_the_padding"],
     "--gin_param=\"utils.run.layout_rules = 'auto'\"": [
         f"{BINARY}::test_auto_mesh_shape_and_layout"],
     "--gin_param=\"utils.run.mesh_shape = 'auto'\"": [

@@ -500,6 +500,12 @@ print(json.dumps({{"shape": y.shape.to_string, "names": sorted(weights),
 # ------------------------------------------------------------ the rest
 
 
+def test_uneven_split_example_prints_padded_slices(capsys):
+  code = block('impl = mtf.MeshImpl("b:2;m:4", rules)')
+  exec(compile(code, "README.md", "exec"), {"mtf": mtf})  # pylint: disable=exec-used
+  assert capsys.readouterr().out.strip() == "[15, 65]"
+
+
 def test_error_message_example_is_the_real_one():
   text = block("IndivisibleError: Tensor import:0")
   intro = readme_testing.readme_text().split("```\nIndivisibleError")[0]
