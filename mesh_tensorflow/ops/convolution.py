@@ -155,6 +155,13 @@ class _ConvBase(graph_lib.Operation):
   _kind = "conv"
   # Dimensions refused by check_splits beyond the unsplittable marks.
   _refused_splits = frozenset()
+  # Uneven splits: spatial dimensions are never split, so only batch and
+  # channel dimensions are padded. Every lowering is linear in each operand
+  # and works on slices: padded batch entries and channels are zero in one
+  # operand (the filter's channels are padded as the image's are), so they
+  # add nothing to sums over channels or batch and come out zero.
+  handles_padding = True
+  padding_stays_zero = True
 
   @property
   def rank(self):

@@ -90,13 +90,21 @@ def _check_window_splits(op, lowering, spatial, ksize):
           f"{type(op).__name__} {op.name!r} cannot lower with spatial "
           f"dimension {d.name!r} (size {d.size}) split over mesh dimension "
           f"{mesh_dim.name!r} (size {mesh_dim.size}): its slices of "
-          f"{d.size // mesh_dim.size} entries are not whole windows of "
+          f"{-(-d.size // mesh_dim.size)} entries are not whole windows of "
           f"{k}. Leave {d.name!r} unsplit, or make its size a multiple of "
           f"{mesh_dim.size * k}.")
 
 
 class PoolOperation(graph_lib.Operation):
-  """Pools the spatial dimensions of x with non-overlapping windows."""
+  """Pools the spatial dimensions of x with non-overlapping windows.
+
+  Uneven splits: a padded spatial dimension never holds whole windows (it is
+  refused), so only batch and channel dimensions are padded; their padding
+  pools to zero.
+  """
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, ksize, strides, pool_fn_string, name=None):
     super().__init__([x], name=name or pool_fn_string.lower() + "_pool")
@@ -135,7 +143,11 @@ cost_rules.register(PoolOperation, cost_rules.SLICEWISE)
 
 
 class PoolBackPropOperation(graph_lib.Operation):
-  """The gradient of a PoolOperation with respect to its input."""
+  """The gradient of a PoolOperation with respect to its input (zero in the
+  padding of batch and channel dimensions, as dy is)."""
+
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, x, y, dy, ksize, strides, pool_fn_string, name=None):
     super().__init__([x, y, dy],

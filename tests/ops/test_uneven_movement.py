@@ -349,6 +349,10 @@ def _collectives(build, mesh_shape, rules):
     ("stack_padded", lambda mesh, x: [
         mtf.stack([mtf.import_tf_tensor(mesh, tf.constant(Y[0]),
                                         "n:7;d:4")] * 5, "b")], set()),
+    ("conv_pool_padded_batch_and_channels", lambda mesh, x: [
+        mtf.conv2d(mtf.zeros(mesh, "b:5;h:3;w:3;n:7"),
+                   mtf.zeros(mesh, "fh:2;fw:2;n:7;c:3"), (1, 1), "SAME"),
+        mtf.max_pool2d(mtf.zeros(mesh, "b:5;h:4;w:4;n:7"))], set()),
     ("shift_padded", lambda mesh, x: [
         mtf.shift(x, 3, "n", wrap=False), mtf.shift(x, -2, "b", wrap=True)],
      {"receive"}),
