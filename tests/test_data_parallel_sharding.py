@@ -255,7 +255,7 @@ def test_uneven_splits_shard_what_no_size_divides():
   uneven = mtf.convert_to_layout_rules("batch:b;d_ff:m").with_uneven()
   sharding = _sharding(layout=uneven)
   assert _names(sharding.plan_variable("bias", [ODD])) == ["odd@b"]
-  assert sharding.decisions["bias"] == "sharded: odd@b over b"
+  assert sharding.decisions["bias"] == "sharded: odd@b over b (padded 3 -> 4)"
   assert _names(sharding.update_shape([ODD, D_MODEL])) == [
       "odd", "d_model@b"]
   # Over b:4, 6 leaves shards of 2 of 6, 5 shards of 2 of 5.

@@ -169,9 +169,15 @@ class DataParallelSharding(extensions.MeshExtension):
     """The update shape of variable `name`, recording the decision."""
     shape = shape_lib.convert_to_shape(shape)
     update_shape, reasons = self._plan(shape)
-    split = [f"{d.name} over {shape_lib.split_shard_dimension_name(d.name)[1]}"
-             for d in update_shape.dims
-             if shape_lib.split_shard_dimension_name(d.name)[1] is not None]
+    split = []
+    mesh_sizes = {m.name: m.size for m in self.mesh_shape}
+    for d in update_shape.dims:
+      mesh_dim = shape_lib.split_shard_dimension_name(d.name)[1]
+      if mesh_dim is not None:
+        pieces = mesh_sizes.get(mesh_dim, 1)
+        padded = -(-d.size // pieces) * pieces
+        split.append(f"{d.name} over {mesh_dim}" + (
+            f" (padded {d.size} -> {padded})" if padded != d.size else ""))
     record = "; ".join(
         (["sharded: " + ", ".join(split)] if split else []) +
         (["kept whole: " + ", ".join(reasons)] if reasons else []))
