@@ -173,6 +173,11 @@ class GatherOperation(graph_lib.Operation):
 class ScatterAddOperation(graph_lib.Operation):
   """The gradient of gather: sums `updates` into rows `indices` of zeros."""
 
+  # Padded indices (zeros) point at row 0 with zero updates; real indices
+  # never point into the padding, which sums nothing.
+  handles_padding = True
+  padding_stays_zero = True
+
   def __init__(self, indices, updates, dim, weights_shape, name=None):
     super().__init__([indices, updates], name=name or "scatter_add")
     self._dim = dim

@@ -55,7 +55,11 @@ class CumsumOperation(graph_lib.Operation):
   """Cumulative sum along one dimension, forwards or (`reverse`) backwards.
 
   The reverse sum is the gradient of the forward one and vice versa.
+  Uneven splits need nothing more: zero padding (at the end of the last
+  blocks) adds nothing to the block totals or to the sums before it.
   """
+
+  handles_padding = True
 
   def __init__(self, x, dim, exclusive=False, reverse=False, name=None):
     super().__init__([x], name=name or "cumsum")

@@ -23,6 +23,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import contractions
@@ -51,8 +52,12 @@ class TopKOperation(graph_lib.Operation):
   default as in the original), both of shape `x.shape - reduced_dim +
   k_dim`, sorted by decreasing value. With `k_dim=None`, k is 1 and the
   output shape is `x.shape - reduced_dim`.
-  `k_dim` cannot be split across the mesh; `reduced_dim` can.
+  `k_dim` cannot be split across the mesh; `reduced_dim` can, also
+  unevenly: its padding is filled with the dtype's lowest value first, and
+  comes after every real entry, so it is never chosen over one.
   """
+
+  handles_padding = True
 
   def __init__(self, x, reduced_dim, k_dim, name=None, index_dtype=tf.int32):
     super().__init__([x], name=name or "top_k")
@@ -141,6 +146,11 @@ class TopKOperation(graph_lib.Operation):
 
       values, indices = impl.slicewise(local_top_k, x_lowered)
     else:
+      if any(a.tensor_axis == x.shape.dims.index(self._reduced_dim)
+             for a in impl.padded_axes(x.shape)):
+        x_lowered = impl.fill_padding(
+            x_lowered, x.shape, names=[self._reduced_dim.name],
+            fill=padding.neutral_value(x.dtype, "MAX"))
       block = impl.slice_shape(shape_lib.Shape([self._reduced_dim]))[0]
       block_k = min(k, block)
 
@@ -182,7 +192,7 @@ class _TopKCost(cost_rules.AlongDimensionCost):
 
   def collectives_along(self, info, layout, mesh_dim):
     reduced = info.op.reduced_dim
-    block_k = min(info.op.k, reduced.size // layout.sizes[mesh_dim])
+    block_k = min(info.op.k, -(-reduced.size // layout.sizes[mesh_dim]))
     rest = layout.slice_elements(
         [d for d in info.in_dims[0] if d[0] != reduced.name])
     return [cost_rules.collective(layout, "allconcat", (mesh_dim,),

@@ -16,6 +16,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import cost_rules
@@ -46,7 +47,13 @@ def _sum_over(impl, laid_out, axis, mesh_axes):
 
 
 class SoftmaxOperation(graph_lib.Operation):
-  """softmax(x) over `reduced_dim`, fused per slice."""
+  """softmax(x) over `reduced_dim`, fused per slice.
+
+  Uneven splits: a padded `reduced_dim` is filled with -inf first, so that
+  the padding is neither the max nor in the sum (exp(-inf) = 0).
+  """
+
+  handles_padding = True
 
   def __init__(self, x, reduced_dim, name=None):
     super().__init__([x], name=name or "softmax")
@@ -70,6 +77,10 @@ class SoftmaxOperation(graph_lib.Operation):
     if not mesh_axes:
       y = impl.slicewise(lambda s: slice_utils.softmax(s, axis), x_lowered)
     else:
+      if any(a.tensor_axis == axis for a in impl.padded_axes(x.shape)):
+        x_lowered = impl.fill_padding(
+            x_lowered, x.shape, names=[self._reduced_dim.name],
+            fill=padding.neutral_value(x.dtype, "MAX"))
       local_max = impl.slicewise(
           lambda s: tf.reduce_max(s, axis=axis, keepdims=True), x_lowered)
       # The max only steadies the exponentials: no gradient flows through
@@ -84,6 +95,10 @@ class SoftmaxOperation(graph_lib.Operation):
 class SoftmaxGradOperation(graph_lib.Operation):
   """The softmax gradient dx = y * (dy - sum(y * dy)) over `reduced_dim`,
   from the softmax output y and its cotangent dy."""
+
+  # Zero padding in y and dy adds nothing to the sum and gives dx = 0.
+  handles_padding = True
+  padding_stays_zero = True
 
   def __init__(self, y, dy, reduced_dim, name=None):
     super().__init__([y, dy], name=name or "softmax_grad")

@@ -424,3 +424,31 @@ def test_random_values_do_not_depend_on_the_layout(mesh_shape, layout, mode):
   for k, want in _RANDOM_REFERENCE.items():
     np.testing.assert_array_equal(
         got[k], want, err_msg=f"[{mesh_shape}, {layout}, {mode}] {k}")
+
+
+def test_mixing_ops_lower_natively_on_padded_dimensions():
+  """Ops that mix values along a padded dimension (softmax and its
+  gradient, top_k, cumsum, gather's gradient scatter_add) handle the
+  padding in their own lowering: the Lowering does not gather them whole."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.constant(X[0]), [_dim("p"), _dim("q")])
+  w = mtf.import_tf_tensor(mesh, tf.constant(QR[0]), [_dim("q"), _dim("r")])
+  indices = mtf.import_tf_tensor(mesh, tf.constant(_ints([P], 21, Q)),
+                                 [_dim("p")])
+  loss = (mtf.reduce_sum(mtf.softmax(x, _dim("q"))) +
+          mtf.reduce_sum(mtf.top_k(x, _dim("q"), mtf.Dimension("k", 2))[0]) +
+          mtf.reduce_sum(mtf.cumsum(x, _dim("q"))) +
+          mtf.reduce_sum(mtf.gather(w, indices, _dim("q"))))
+  mtf.gradients([loss], [x, w])
+  impl = mtf.MeshImpl("b:2;m:4", mtf.LayoutRules(
+      [("p", "b"), ("q", "m")], allow_uneven=True))
+  kinds = set()
+  for op in graph.operations:
+    padded = {t.shape.dims[a.tensor_axis].name for t in op.inputs + op.outputs
+              for a in impl.padded_axes(t.shape)}
+    kinds.add(type(op).__name__)
+    assert not padded or op.handles_padding_of(padded), (
+        f"{type(op).__name__} {op.name} is gathered around {padded}")
+  assert {"SoftmaxOperation", "SoftmaxGradOperation", "TopKOperation",
+          "CumsumOperation", "ScatterAddOperation"} <= kinds
