@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from tests import layer_stacked_models as layer_models
 from tests import mtf_testing
 from tests import training_loop
 
@@ -161,3 +162,102 @@ def test_checkpoint_holds_the_logical_tensor_and_restores_anywhere(
   w, b = _read(restored_impl, mode)
   np.testing.assert_array_equal(w, trained_w)
   np.testing.assert_array_equal(b, trained_b)
+
+
+def _layers_model(mesh, optimizer):
+  """Three tanh layers of [n:7, h:7] kernels (stacked by autostack)."""
+  h = mtf.import_tf_tensor(mesh, tf.constant(X), "b:5;n:7")
+  for i in range(3):
+    init = np.roll(W0[:, :7], i, axis=1)
+    w = mtf.get_variable(mesh, f"layer{i}/w", "n:7;h:7", initializer=init)
+    h = mtf.rename_dimension(
+        mtf.tanh(mtf.einsum([h, w], output_shape="b:5;h:7")), "h", "n")
+  loss = mtf.reduce_mean(mtf.square(h))
+  variables = mesh.graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  return loss, optimizer().apply_grads(grads, variables)
+
+
+def _train_layers(mesh_shape, layout, mode, steps=3):
+  impl = mtf_testing.make_impl(mode, mesh_shape, layout)
+  lowerings = []
+
+  def step():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    loss, updates = _layers_model(mesh, OPTIMIZERS["adam"])
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    lowerings.append(lowering)
+    return lowering, [lowering.lowered_operation(u) for u in updates], (
+        lowering.export_to_tf_tensor(loss))
+
+  losses = training_loop.run_steps(step, impl, mode, steps)
+  return np.array([float(loss) for loss in losses]), impl, lowerings[-1]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_autostacked_padded_variables_train_and_checkpoint(tmp_path, mode):
+  """Same-shaped padded kernels (and their Adam slots) share stacked
+  storage; they train as on one processor and save logical tensors."""
+  layout = _uneven([("n", "all")])
+  losses, impl, lowering = _train_layers("all:8", layout, mode)
+  np.testing.assert_allclose(
+      losses, _train_layers("all:1", "", "eager")[0], rtol=1e-5)
+  assert any(type(v.storage).__name__ == "StackMember"
+             for v in lowering.variables.values())
+  path = os.path.join(tmp_path, "ckpt")
+  tf.train.Checkpoint(model=impl).write(path)
+  saved = mtf.storage.checkpointing.load_variables(path, prefix="model")
+  assert saved["layer2/w"].shape == (7, 7)
+
+  target = mtf.placement_mesh_impl.PlacementMeshImpl(
+      "b:4;m:2", _uneven([("n", "b"), ("h", "m")]))
+  tf.train.Checkpoint(model=target).restore(path).expect_partial()
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  _layers_model(mesh, OPTIMIZERS["adam"])
+  restored = mtf.Lowering(graph, {mesh: target})
+  for var in graph.all_variables:
+    np.testing.assert_array_equal(
+        restored.export_to_tf_tensor(var.outputs[0]).numpy(),
+        saved[var.name], err_msg=var.name)
+
+
+def _layer_stacked_checkpoint(impl, stacked, path):
+  """Builds the layers (tests/layer_stacked_models), assigns v * 2 + 1 to
+  every variable and checkpoints; returns (rows read by member name, the
+  checkpoint's values)."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  layer_models.layers(mesh, stacked)
+  variables = graph.trainable_variables
+  assigns = [mtf.assign(v, v.outputs[0] * 2.0 + 1.0) for v in variables]
+  reads = {v.name: mtf.read_variable(v, dependencies=assigns)
+           for v in variables}
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  values = {k: lowering.export_to_tf_tensor(t).numpy()
+            for k, t in reads.items()}
+  tf.train.Checkpoint(model=impl).write(path)
+  return (layer_models.rows_by_member(values, graph),
+          mtf.storage.checkpointing.load_variables(path, prefix="model"))
+
+
+def test_layer_stacked_variables_with_a_padded_stack_dimension(tmp_path):
+  """4 layers stacked over all:8 (and, on s:2;m:3, h 16 over 3): rows and
+  checkpoint entries are the per-layer variables'."""
+  want_rows, want_saved = _layer_stacked_checkpoint(
+      mtf.placement_mesh_impl.PlacementMeshImpl("all:1", ""), False,
+      os.path.join(tmp_path, "ref"))
+  for mesh_shape, layout in (
+      ("all:8", _uneven([("stage", "all")])),
+      ("s:2;m:3", _uneven([("stage", "s"), ("h", "m")]))):
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+        mesh_shape, layout, [""] * mtf.convert_to_shape(mesh_shape).size)
+    rows, saved = _layer_stacked_checkpoint(
+        impl, True, os.path.join(tmp_path, mesh_shape.replace(":", "_")))
+    assert sorted(saved) == layer_models.MEMBERS
+    for name in layer_models.MEMBERS:
+      np.testing.assert_array_equal(rows[name], want_rows[name],
+                                    err_msg=name)
+      np.testing.assert_array_equal(saved[name], want_saved[name],
+                                    err_msg=name)
