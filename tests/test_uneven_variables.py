@@ -120,16 +120,19 @@ def test_padded_variables_train_as_on_one_processor(mesh_shape, layout, mode,
           impl.padded_axes(shape), var.name)
 
 
-def _read(impl, mode):
-  """The values of w and b under `impl` (a fresh Lowering)."""
-  def read():
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    w = mtf.get_variable(mesh, "w", "n:7;h:12", initializer=W0 * 0)
-    b = mtf.get_variable(mesh, "b", "h:12", initializer=B0 * 0)
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    return [lowering.export_to_tf_tensor(t) for t in (w, b)]
+def _read_lowered(impl):
+  """tf Tensors of w and b under `impl` (a fresh Lowering)."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w = mtf.get_variable(mesh, "w", "n:7;h:12", initializer=W0 * 0)
+  b = mtf.get_variable(mesh, "b", "h:12", initializer=B0 * 0)
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  return [lowering.export_to_tf_tensor(t) for t in (w, b)]
 
+
+def _read(impl, mode):
+  """The values of w and b under PlacementMeshImpl `impl`."""
+  read = lambda: _read_lowered(impl)
   if mode == "function":
     read = tf.function(read)
   return [np.asarray(v) for v in read()]
@@ -261,3 +264,23 @@ def test_layer_stacked_variables_with_a_padded_stack_dimension(tmp_path):
                                     err_msg=name)
       np.testing.assert_array_equal(saved[name], want_saved[name],
                                     err_msg=name)
+
+
+def test_simd_checkpoint_of_padded_variables(tmp_path):
+  """SimdMeshImpl saves the logical tensors of padded variables too, and
+  restores them into another uneven layout."""
+  _, impl, _ = _train("b:4;m:2", LAYOUTS[3][2], "simd", OPTIMIZERS["sgd"])
+  path = os.path.join(tmp_path, "ckpt")
+  tf.train.Checkpoint(model=impl).write(path)
+  loaded = mtf.storage.checkpointing.load_variables(path, prefix="model")
+  _, reference, _ = _train("all:1", "", "eager", OPTIMIZERS["sgd"])
+  for got, want in zip((loaded["w"], loaded["b"]), _read(reference, "eager")):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+  target = mtf.simd_mesh_impl.SimdMeshImpl("all:8", _uneven([("h", "all")]))
+  tf.train.Checkpoint(model=target).restore(path).expect_partial()
+  w, b = (np.asarray(v) for v in target.run_each(
+      lambda: _read_lowered(target))[0])
+  np.testing.assert_array_equal(w, loaded["w"])
+  np.testing.assert_array_equal(b, loaded["b"])
