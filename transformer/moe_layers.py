@@ -27,7 +27,7 @@ from mesh_tensorflow.transformer import moe_gating
 # pylint: disable=protected-access
 
 
-def _split_into_groups(n, max_group_size, mesh_dim_size):
+def _split_into_groups(n, max_group_size, mesh_dim_size, allow_uneven=False):
   """Factors n = num_groups * group_size for the gating.
 
   The number of groups is the smallest one, from n // max_group_size up,
@@ -40,19 +40,25 @@ def _split_into_groups(n, max_group_size, mesh_dim_size):
     n: the number of tokens (an int).
     max_group_size: an int.
     mesh_dim_size: an int.
+    allow_uneven: the layout allows uneven splits: when mesh_dim_size does
+      not divide n, the groups need not be a multiple of it (they are split
+      padded, as the batch was).
 
   Returns:
     (num_groups, group_size).
 
   Raises:
-    ValueError: n is not a multiple of mesh_dim_size.
+    ValueError: n is not a multiple of mesh_dim_size (and uneven splits are
+      not allowed).
   """
   if n % mesh_dim_size:
-    raise ValueError(
-        f"mixture of experts: the {n} tokens per expert replica do not "
-        f"divide into groups over the {mesh_dim_size} processors of the "
-        "mesh dimension splitting the batch; use a batch whose size times "
-        "length is a multiple of it.")
+    if not allow_uneven:
+      raise ValueError(
+          f"mixture of experts: the {n} tokens per expert replica do not "
+          f"divide into groups over the {mesh_dim_size} processors of the "
+          "mesh dimension splitting the batch; use a batch whose size times "
+          "length is a multiple of it, or allow uneven splits.")
+    mesh_dim_size = 1
   num_groups = max(1, n // max_group_size)
   while num_groups % mesh_dim_size or n % num_groups:
     num_groups += 1
@@ -61,6 +67,15 @@ def _split_into_groups(n, max_group_size, mesh_dim_size):
                "mesh_dim_size=%d) = (num_groups=%d, group_size=%d)",
                n, max_group_size, mesh_dim_size, num_groups, group_size)
   return num_groups, group_size
+
+
+def _groups_over_mesh(n, max_group_size, layout, mesh_shape, batch_dim):
+  """_split_into_groups of n tokens over the mesh dimension that splits
+  `batch_dim` under `layout`."""
+  return _split_into_groups(
+      n, max_group_size,
+      mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape, batch_dim),
+      allow_uneven=mtf.convert_to_layout_rules(layout).allow_uneven)
 
 
 def _expert_capacity(group_size, num_experts, capacity_factor,
@@ -151,10 +166,8 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train,
     orig_batch_dim = inputs.shape.dims[0]
   n = mtf.list_product(d.size for d in batch_and_length_dims)
   n //= outer_batch_dim.size
-  mesh_dim_size = mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape,
-                                                  orig_batch_dim)
-  num_groups, group_size = _split_into_groups(n, hparams.moe_group_size,
-                                              mesh_dim_size)
+  num_groups, group_size = _groups_over_mesh(
+      n, hparams.moe_group_size, layout, mesh_shape, orig_batch_dim)
   group_size_dim = mtf.Dimension("group", group_size)
   num_groups_dim = mtf.Dimension(orig_batch_dim.name, num_groups)
   moe_input_dims = [outer_batch_dim, num_groups_dim, group_size_dim,
@@ -290,9 +303,8 @@ def transformer_moe_layer_v2(inputs, output_dim, hparams, train,
   n = output_dim
 
   # Outer level: groups g1 (named like the batch) of s tokens.
-  num_groups, group_size = _split_into_groups(
-      b1.size * l.size, hparams.moe_group_size,
-      mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape, b1))
+  num_groups, group_size = _groups_over_mesh(
+      b1.size * l.size, hparams.moe_group_size, layout, mesh_shape, b1)
   g1 = mtf.Dimension(b1.name, num_groups)
   g = mtf.Dimension(b1.name + "_unsplit", g1.size)
   s = mtf.Dimension("group_size_x", group_size)
@@ -303,9 +315,9 @@ def transformer_moe_layer_v2(inputs, output_dim, hparams, train,
 
   # Inner level: what each x group received, regrouped into h0 (named like
   # the outer batch) groups of t.
-  num_groups, group_size = _split_into_groups(
-      a0.size * g.size * c.size, hparams.moe_group_size,
-      mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape, a0))
+  num_groups, group_size = _groups_over_mesh(
+      a0.size * g.size * c.size, hparams.moe_group_size, layout, mesh_shape,
+      a0)
   t = mtf.Dimension("group_size_y", group_size)
   h0 = mtf.Dimension(a0.name, num_groups)
   h = mtf.Dimension(a0.name + "_unsplit", h0.size)

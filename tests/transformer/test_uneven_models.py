@@ -21,7 +21,6 @@ from tests.transformer import tiny_layers
 
 B, L, V, D, HEADS, EXPERTS = 30, 8, 259, 16, 6, 6
 BATCH = mtf.Dimension("batch", B)
-LENGTH = mtf.Dimension("length", L)
 STEPS = 3
 
 
@@ -45,9 +44,10 @@ def _moe_layer():
                    capacity_factor_train=2.0, min_expert_capacity=1)
 
 
-def _make_loss(with_moe, mesh_shape="all:1", layout=""):
+def _make_loss(with_moe, mesh_shape="all:1", layout="", length=L):
   """make_loss(mesh) for model_testing.train_losses: the LM's loss on
-  TARGETS. MoE1D reads the layout and mesh shape from the model."""
+  TARGETS (their first `length` positions). MoE1D reads the layout and mesh
+  shape from the model."""
   def make_loss(mesh):
     ffn = _moe_layer if with_moe else tiny_layers.TinyDenseRelu
     stack = transformer.make_layer_stack(
@@ -57,8 +57,9 @@ def _make_loss(with_moe, mesh_shape="all:1", layout=""):
         stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
         autoregressive=True, max_length=L, vocab_divisor=1, name="decoder",
         layout=layout, mesh_shape=mesh_shape)
-    targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS),
-                                   [BATCH, LENGTH])
+    targets = mtf.import_tf_tensor(
+        mesh, tf.constant(TARGETS[:, :length]),
+        [BATCH, mtf.Dimension("length", length)])
     _, loss = model.call_simple(
         transformer.autoregressive_inputs(targets), targets, True)
     return loss
@@ -146,3 +147,19 @@ def test_these_layouts_are_refused_without_the_switch():
   with pytest.raises(mtf.IndivisibleError, match="allow_uneven"):
     mt.train_losses(_make_loss(False, "model:4", "vocab:model"), "model:4",
                     "vocab:model", "function", 1, _sgd)
+
+
+def test_moe_groups_need_not_divide_over_the_mesh():
+  """30 x 7 = 210 tokens over batch:8: with uneven splits the gating's groups
+  need not be a multiple of 8 (7 groups of 30 under both layouts, split
+  padded to 8 over batch:8); without them the grouping refuses."""
+  want = mt.train_losses(_make_loss(True, length=7), "all:1", "", "function",
+                         STEPS, _sgd)
+  rules = mtf.convert_to_layout_rules("batch:batch;experts:batch")
+  got = mt.train_losses(_make_loss(True, "batch:8", rules.with_uneven(), 7),
+                        "batch:8", rules.with_uneven(), "function", STEPS,
+                        _sgd)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  assert moe._split_into_groups(210, 30, 8, allow_uneven=True) == (7, 30)
+  with pytest.raises(ValueError, match="210 tokens .* 8 processors"):
+    moe._split_into_groups(210, 30, 8)
