@@ -1,8 +1,8 @@
 """Data movement under uneven splits, against float64 NumPy with gradients.
 
-Reshapes, shifts, slice/pad/concat, split/stack/unstack, renames,
-convolution and pooling, while loops, recomputed and custom gradients and
-Print, on the uneven layouts of `mtf_testing.uneven_layouts` (dimensions
+Reshapes, shifts and halo exchange, slice/pad/concat, split/stack/unstack,
+renames, convolution and pooling, while loops, recomputed and custom
+gradients and Print, on the uneven layouts of `mtf_testing.uneven_layouts` (dimensions
 "b" and "n" split over `all:8`, `b:2;m:4` and `b:4;m:2`) with the sizes
 5, 7, 12 and 100. Each case table runs as one program per layout and mode
 (`check_ops`); check_op also asserts that every output's padding is zero.
@@ -43,6 +43,18 @@ def _np_shift(x, offset, axis, wrap):
   take[axis] = src[ok]
   y[tuple(index)] = x[tuple(take)]
   return y
+
+
+def _np_halo(x, halo, wrap):
+  """x[blocks, size]: each block with `halo` entries of the flattened
+  neighbours on either side (zeros past the ends unless `wrap`)."""
+  blocks, size = x.shape
+  flat = x.reshape(-1)
+  index = np.arange(-halo, len(flat) + halo)
+  padded = (np.take(flat, index % len(flat)) if wrap
+            else np.pad(flat, [(halo, halo)]))
+  return np.stack([padded[b * size:b * size + size + 2 * halo]
+                   for b in range(blocks)])
 
 
 X = (_u((5, 7, 4), 0), ["b", "n", "d"])      # b 5, n 7
@@ -133,6 +145,13 @@ def _shift_case(x, dim, axis, offsets, wrap_offsets):
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
 def test_shifts(mesh_shape, layout, mode):
   cases = {name: _shift_case(*spec) for name, spec in SHIFTS.items()}
+  # Blocks "n" (7, padded) of 4 entries; the halo of 5 spans two blocks.
+  cases["halo"] = (
+      lambda mesh, t: {
+          "h1": mtf.halo_exchange(t["x"], "n", "d", 1),
+          "h5_wrap": mtf.halo_exchange(t["x"], "n", "d", 5, wrap=True)},
+      lambda x: {"h1": _np_halo(x, 1, False), "h5_wrap": _np_halo(x, 5, True)},
+      {"x": Y})
   cases["dynamic"] = (
       lambda mesh, t: {"y": mtf.dynamic_shift(
           t["x"], mtf.constant(mesh, 2, dtype=tf.int32), "n", wrap=False)},
