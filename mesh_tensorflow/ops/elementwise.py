@@ -15,48 +15,58 @@ from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import slicewise_ops
 
 
-def _unary(tf_fn, x, name, grad_tf_fn=None, grad_uses_output=False):
-  """An element-wise op whose gradient is `grad_tf_fn(x_or_y, dy)` per slice."""
+def _unary(tf_fn, x, name, grad_tf_fn=None, grad_uses_output=False,
+           keeps_zero=False, grad_keeps_zero=True):
+  """An element-wise op whose gradient is `grad_tf_fn(x_or_y, dy)` per slice.
+
+  `keeps_zero`: f(0) = 0, so zero padding (uneven splits) stays zero. The
+  gradient dy * f'(x or y) keeps it too (dy's padding is zero) wherever f'
+  is finite at 0; `grad_keeps_zero=False` where it is not (log, sqrt).
+  """
   if grad_tf_fn is None:
-    return slicewise_ops.cwise(tf_fn, [x], name=name)
+    return slicewise_ops.cwise(tf_fn, [x], name=name, keeps_zero=keeps_zero)
 
   def grad_function(op, dy):
     source = op.outputs[0] if grad_uses_output else op.inputs[0]
     return [slicewise_ops.cwise(grad_tf_fn, [source, dy],
-                                name=name + "_grad")]
+                                name=name + "_grad",
+                                keeps_zero=grad_keeps_zero)]
 
   return slicewise_ops.cwise(tf_fn, [x], grad_function=grad_function,
-                             name=name)
+                             name=name, keeps_zero=keeps_zero)
 
 
-def _unary_of_output(tf_fn, x, name, grad_kernel):
+def _unary_of_output(tf_fn, x, name, grad_kernel, **kwargs):
   """An element-wise op whose gradient is TF's kernel `grad_kernel(y=, dy=)`
-  of its output y."""
+  of its output y (kwargs: _unary's)."""
   return _unary(tf_fn, x, name, lambda y, dy: grad_kernel(y=y, dy=dy),
-                grad_uses_output=True)
+                grad_uses_output=True, **kwargs)
 
 
 def _unary_of_activation(tf_fn, x, name, grad_kernel):
-  """An element-wise op whose gradient is TF's kernel
+  """An element-wise op with f(0) = 0 whose gradient is TF's kernel
   `grad_kernel(gradients=, outputs=)` of its output."""
   return _unary(tf_fn, x, name,
                 lambda y, dy: grad_kernel(gradients=dy, outputs=y),
-                grad_uses_output=True)
+                grad_uses_output=True, keeps_zero=True)
 
 
 def identity(x, name="identity"):
   return slicewise_ops.cwise(tf.identity, [x], name=name,
-                             grad_function=lambda op, dy: [dy])
+                             grad_function=lambda op, dy: [dy],
+                             keeps_zero=True)
 
 
 def negative(x, name="negative"):
   return slicewise_ops.cwise(tf.negative, [x], name=name,
-                             grad_function=lambda op, dy: [negative(dy)])
+                             grad_function=lambda op, dy: [negative(dy)],
+                             keeps_zero=True)
 
 
 def relu(x, name="relu"):
   return _unary(tf.nn.relu, x, name,
-                lambda x, dy: tf.raw_ops.ReluGrad(gradients=dy, features=x))
+                lambda x, dy: tf.raw_ops.ReluGrad(gradients=dy, features=x),
+                keeps_zero=True)
 
 
 def exp(x, name="exp"):
@@ -64,11 +74,13 @@ def exp(x, name="exp"):
 
 
 def log(x, name="log"):
-  return _unary(tf.math.log, x, name, lambda x, dy: dy / x)
+  return _unary(tf.math.log, x, name, lambda x, dy: dy / x,
+                grad_keeps_zero=False)
 
 
 def sqrt(x, name="sqrt"):
-  return _unary_of_output(tf.sqrt, x, name, tf.raw_ops.SqrtGrad)
+  return _unary_of_output(tf.sqrt, x, name, tf.raw_ops.SqrtGrad,
+                          keeps_zero=True, grad_keeps_zero=False)
 
 
 def rsqrt(x, name="rsqrt"):
@@ -76,7 +88,8 @@ def rsqrt(x, name="rsqrt"):
 
 
 def square(x, name="square"):
-  return _unary(tf.square, x, name, lambda x, dy: dy * (2 * x))
+  return _unary(tf.square, x, name, lambda x, dy: dy * (2 * x),
+                keeps_zero=True)
 
 
 def sigmoid(x, name="sigmoid"):
@@ -84,7 +97,8 @@ def sigmoid(x, name="sigmoid"):
 
 
 def tanh(x, name="tanh"):
-  return _unary_of_output(tf.tanh, x, name, tf.raw_ops.TanhGrad)
+  return _unary_of_output(tf.tanh, x, name, tf.raw_ops.TanhGrad,
+                          keeps_zero=True)
 
 
 def reciprocal(x, name="reciprocal"):
@@ -106,7 +120,7 @@ def _gelu_grad(x, dy):
 def gelu(x, name="gelu"):
   """Gaussian Error Linear Unit, tanh approximation (as in the original)."""
   return _unary(lambda x: tf.nn.gelu(x, approximate=True), x, name,
-                _gelu_grad)
+                _gelu_grad, keeps_zero=True)
 
 
 def cast(x, dtype, name="cast"):
@@ -122,7 +136,7 @@ def cast(x, dtype, name="cast"):
 
   return slicewise_ops.cwise(lambda t: tf.cast(t, dtype), [x],
                              output_dtype=dtype, grad_function=grad_function,
-                             name=name)
+                             name=name, keeps_zero=True)
 
 
 class StopGradient(graph_lib.Operation):
@@ -173,7 +187,8 @@ def to_bfloat16(x, name="to_bfloat16"):
 
 
 def sin(x, name="sin"):
-  return _unary(tf.sin, x, name, lambda x, dy: dy * tf.cos(x))
+  return _unary(tf.sin, x, name, lambda x, dy: dy * tf.cos(x),
+                keeps_zero=True)
 
 
 def cos(x, name="cos"):
@@ -201,7 +216,7 @@ def _swish_grad(x, dy):
 
 def swish(x, name="swish"):
   """x * sigmoid(x) (https://arxiv.org/abs/1710.05941), also called SiLU."""
-  return _unary(tf.nn.silu, x, name, _swish_grad)
+  return _unary(tf.nn.silu, x, name, _swish_grad, keeps_zero=True)
 
 
 def leaky_relu(x, alpha=0.2, name="leaky_relu"):
@@ -209,13 +224,14 @@ def leaky_relu(x, alpha=0.2, name="leaky_relu"):
   return _unary(
       lambda t: tf.nn.leaky_relu(t, alpha=alpha), x, name,
       lambda x, dy: tf.raw_ops.LeakyReluGrad(gradients=dy, features=x,
-                                             alpha=alpha))
+                                             alpha=alpha), keeps_zero=True)
 
 
 def sign(x, name="sign"):
   """-1, 0 or 1 by the sign of x; its gradient is zero (None)."""
   return slicewise_ops.cwise(tf.sign, [x], name=name,
-                             grad_function=lambda op, dy: [None])
+                             grad_function=lambda op, dy: [None],
+                             keeps_zero=True)
 
 
 def mtf_abs(x, name="abs"):
@@ -223,4 +239,5 @@ def mtf_abs(x, name="abs"):
 
   Call it as `mtf.abs` too.
   """
-  return _unary(tf.abs, x, name, lambda x, dy: dy * tf.sign(x))
+  return _unary(tf.abs, x, name, lambda x, dy: dy * tf.sign(x),
+                keeps_zero=True)

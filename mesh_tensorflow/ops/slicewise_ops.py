@@ -30,16 +30,23 @@ class SlicewiseOperation(graph_lib.Operation):
       differentiates `tf_fn` per slice (GenericGradOperation); 0 means no
       gradient, as in the original.
     name: an optional name.
+    keeps_zero: (keyword only) whether `tf_fn` is element-wise with
+      f(0, ..., 0) = 0 (relu, tanh, a cast, ...): then zero padding stays
+      zero (uneven splits) and the Lowering need not zero it again. Only
+      this library's own element-wise functions say so; the default is the
+      safe False.
   """
 
   # Dimensions it may split are never mixed by tf_fn: padding is safe.
   handles_padding = True
 
   def __init__(self, tf_fn, inputs, output_shapes, output_dtypes,
-               splittable_dims, grad_function=None, name=None):
+               splittable_dims, grad_function=None, name=None, *,
+               keeps_zero=False):
     super().__init__(inputs, name=name or "slicewise")
     self._tf_fn = tf_fn
     self._grad_function = grad_function
+    self._keeps_zero = bool(keeps_zero)
     shapes, dtypes = list(output_shapes), list(output_dtypes)
     if len(shapes) != len(dtypes) or not shapes:
       raise errors.ShapeError(
@@ -63,6 +70,14 @@ class SlicewiseOperation(graph_lib.Operation):
   @property
   def tf_fn(self):
     return self._tf_fn
+
+  @property
+  def padding_stays_zero(self):
+    """With `keeps_zero`, when every input has every output dimension (an
+    input broadcast along a padded dimension would fill its padding)."""
+    names = {n for t in self._outputs for n in t.shape.dimension_names}
+    return self._keeps_zero and all(
+        names <= set(x.shape.dimension_names) for x in self._inputs)
 
   def gradient(self, grad_ys):
     if self._grad_function is not None:
@@ -142,7 +157,8 @@ cost_rules.register(GenericGradOperation, cost_rules.SLICEWISE)
 
 
 def slicewise(tf_fn, xs, output_shape=None, output_dtype=None,
-              splittable_dims=None, grad_function=None, name=None):
+              splittable_dims=None, grad_function=None, name=None, *,
+              keeps_zero=False):
   """Applies `tf_fn` to each slice of `xs`.
 
   Args:
@@ -155,6 +171,8 @@ def slicewise(tf_fn, xs, output_shape=None, output_dtype=None,
       element and that may therefore be split (default: none).
     grad_function: optional fn(op, *dys) returning a gradient per input.
     name: optional name.
+    keeps_zero: (keyword only) `tf_fn` is element-wise and maps zeros to
+      zero (see SlicewiseOperation).
 
   Returns:
     an mtf Tensor, or a tuple of them for several outputs.
@@ -170,14 +188,19 @@ def slicewise(tf_fn, xs, output_shape=None, output_dtype=None,
   shapes = [xs[0].shape if shp is None else shp for shp in shapes]
   dtypes = [xs[0].dtype if d is None else d for d in dtypes]
   op = SlicewiseOperation(tf_fn, xs, shapes, dtypes, splittable_dims or [],
-                          grad_function=grad_function, name=name)
+                          grad_function=grad_function, name=name,
+                          keeps_zero=keeps_zero)
   if multiple:
     return tuple(op.outputs)
   return op.outputs[0]
 
 
-def cwise(tf_fn, xs, output_dtype=None, grad_function=None, name=None):
-  """An element-wise function of same-shaped tensors; every dim splittable."""
+def cwise(tf_fn, xs, output_dtype=None, grad_function=None, name=None, *,
+          keeps_zero=False):
+  """An element-wise function of same-shaped tensors; every dim splittable.
+
+  `keeps_zero` (keyword only): f(0, ..., 0) = 0 (see SlicewiseOperation).
+  """
   shape = xs[0].shape
   for x in xs[1:]:
     if x.shape != shape:
@@ -186,4 +209,4 @@ def cwise(tf_fn, xs, output_dtype=None, grad_function=None, name=None):
           f"{shape} and {x.shape}.")
   return slicewise(tf_fn, xs, output_shape=shape, output_dtype=output_dtype,
                    splittable_dims=shape.dims, grad_function=grad_function,
-                   name=name)
+                   name=name, keeps_zero=keeps_zero)

@@ -78,8 +78,12 @@ def _dim(name):
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
 def test_elementwise_and_constants(mesh_shape, layout, mode):
-  """Element-wise functions (f(0) = 0 or not), casts and constants along
-  padded dimensions."""
+  """Element-wise functions, casts and constants along padded dimensions.
+
+  mtf's own functions with f(0) = 0 (relu, tanh, casts, ...) keep zero
+  padding without the Lowering zeroing it again (`keeps_zero`): the
+  harness's padding check holds them to it.
+  """
   unary = {
       "exp": (mtf.exp, np.exp, X), "log": (mtf.log, np.log, POSITIVE),
       "sigmoid": (mtf.sigmoid, lambda x: 1 / (1 + np.exp(-x)), X),
@@ -90,11 +94,24 @@ def test_elementwise_and_constants(mesh_shape, layout, mode):
       "abs": (mtf.abs, np.abs, X),
       "gelu": (mtf.gelu, lambda x: 0.5 * x * (1 + np.tanh(
           np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))), X),
+      "elu": (mtf.elu, lambda x: np.where(x > 0, x, np.expm1(x)), X),
+      "selu": (mtf.selu, lambda x: 1.0507009873554805 * np.where(
+          x > 0, x, 1.6732632423543772 * np.expm1(x)), X),
+      "swish": (mtf.swish, lambda x: x / (1 + np.exp(-x)), X),
+      "leaky_relu": (mtf.leaky_relu, lambda x: np.where(x > 0, x, 0.2 * x),
+                     X),
+      "identity": (mtf.identity, lambda x: x, X),
+      "softplus": (mtf.softplus, lambda x: np.log1p(np.exp(x)), X),
+      "rsqrt": (mtf.rsqrt, lambda x: 1 / np.sqrt(x), POSITIVE),
+      # A user's function is not trusted to map 0 to 0, whatever its name.
+      "user_cwise": (lambda x: mtf.cwise(lambda t: t + 1.0, [x], name="relu"),
+                     lambda x: x + 1.0, X),
       "exp_big": (mtf.exp, np.exp, BIG),
       "tanh_big_col": (mtf.tanh, np.tanh, BIG_COL),
       # No gradients: bool and int inputs.
       "logical_not": (mtf.logical_not, np.logical_not, MOSTLY_FALSE),
       "int_to_float": (mtf.to_float, lambda x: x.astype(np.float32), INTS),
+      "int_sign": (mtf.sign, np.sign, (INTS[0] - 2, INTS[1])),
       "float_to_int": (mtf.to_int32, lambda x: x.astype(np.int32),
                        POSITIVE),
       "bool_to_int": (mtf.to_int32, lambda x: x.astype(np.int32),
@@ -452,3 +469,31 @@ def test_mixing_ops_lower_natively_on_padded_dimensions():
         f"{type(op).__name__} {op.name} is gathered around {padded}")
   assert {"SoftmaxOperation", "SoftmaxGradOperation", "TopKOperation",
           "CumsumOperation", "ScatterAddOperation"} <= kinds
+
+
+def test_only_zero_preserving_functions_skip_the_zeroing():
+  """padding_stays_zero for mtf's functions with f(0) = 0 (and their
+  gradients, dy * f' with f' finite at 0), not for others or user ones."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, [_dim("p"), _dim("q")])
+
+  def stays_zero(y):
+    return y.operation.padding_stays_zero
+
+  for fn in (mtf.relu, mtf.tanh, mtf.abs, mtf.negative, mtf.sqrt,
+             mtf.to_int32, mtf.gelu, mtf.elu):
+    assert stays_zero(fn(x)), fn.__name__
+  for fn in (mtf.exp, mtf.sigmoid, mtf.log, mtf.cos, mtf.softplus,
+             mtf.logical_not):
+    arg = mtf.cast(x, tf.bool) if fn is mtf.logical_not else x
+    assert not stays_zero(fn(arg)), fn.__name__
+  assert not stays_zero(mtf.cwise(tf.nn.relu, [x], name="relu"))
+  # Gradients: log's dy / x and sqrt's dy / (2 y) are 0 / 0 in padding.
+  for fn, keeps in ((mtf.exp, True), (mtf.tanh, True), (mtf.log, False),
+                    (mtf.sqrt, False)):
+    y = fn(x)
+    grad_op = mtf.gradients([mtf.reduce_sum(y)], [x])[0].operation
+    while not isinstance(grad_op, mtf.ops.slicewise_ops.SlicewiseOperation):
+      grad_op = grad_op.inputs[0].operation
+    assert grad_op.padding_stays_zero == keeps, fn.__name__
