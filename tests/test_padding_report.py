@@ -67,7 +67,7 @@ def test_lists_dimensions_tensors_and_costs():
 
 def test_logs_its_lines(caplog):
   graph, mesh, _ = _graph()
-  with caplog.at_level(logging.INFO):
+  with caplog.at_level(logging.INFO, logger="absl"):
     report = mtf.padding_report(graph, {mesh: _impl("vocab:model")})
   assert report.lines
   for line in report.lines:
