@@ -331,9 +331,11 @@ class _ReshapeCost(cost_rules.CostRule):
     old, new = info.in_dims[0], info.out_dims[0]
     mesh = list(layout.sizes)
     mesh_sizes = [layout.sizes[m] for m in mesh]
-    plan = reshape_plan([s for _, s in old],
+    # The sizes the lowering plans with: padded ones (it lowers a reshape
+    # with padded dimensions only when it keeps them, see ReshapeOperation).
+    plan = reshape_plan(_padded_cost_sizes(layout, old),
                         [layout.mesh_axis(n) for n, _ in old],
-                        [s for _, s in new],
+                        _padded_cost_sizes(layout, new),
                         [layout.mesh_axis(n) for n, _ in new], mesh_sizes,
                         tuple(layout.order[m] for m in pending))
     nbytes = cost_rules.io_bytes(info, layout)
@@ -353,6 +355,17 @@ class _ReshapeCost(cost_rules.CostRule):
     return (cost_rules.RuleResult([pending_out], collectives,
                                   elementwise_bytes=nbytes),
             not plan.reduces_input)
+
+
+def _padded_cost_sizes(layout, dims):
+  """The sizes of (name, size) `dims` under a CostLayout, padded where it
+  splits them unevenly."""
+  sizes = []
+  for name, size in dims:
+    m = layout.mesh_dim(name)
+    sizes.append(size if m is None else
+                 layout.slice_size(name, size) * layout.sizes[m])
+  return sizes
 
 
 def reshape(x, new_shape, name=None):

@@ -223,14 +223,21 @@ class _ShiftCost(cost_rules.AlongDimensionCost):
   def collectives_along(self, info, layout, mesh_dim):
     op = info.op
     n = layout.sizes[mesh_dim]
-    block = op.dim.size // n
+    size = op.dim.size
+    block = -(-size // n)
     per_entry = cost_rules.slice_bytes(layout, info.in_dims[0],
                                        info.in_itemsize[0]) // block
+    if block * n == size:
+      shifts = [(op.offset, op.wrap)]
+    elif op.wrap:  # padded: two shifts without wrap (see ShiftOperation)
+      shifts = [(op.offset % size, False), (op.offset % size - size, False)]
+    else:
+      shifts = [(op.offset, False)]
     return [cost_rules.collective(layout, "receive", (mesh_dim,),
                                   per_entry * entries,
-                                  _receivers(n, blocks, op.wrap))
-            for blocks, entries in _shift_pieces(op.offset, op.dim.size,
-                                                 block, op.wrap)]
+                                  _receivers(n, blocks, wrap))
+            for offset, wrap in shifts
+            for blocks, entries in _shift_pieces(offset, size, block, wrap)]
 
 
 def shift(x, offset, dim, wrap, name=None):

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.auto_mtf import cost_model
 from tests import mtf_testing
 
 PARAMS = mtf_testing.uneven_layout_mode_params(["b", "n"])
@@ -346,17 +347,22 @@ def test_loops_and_gradient_blocks(mesh_shape, layout, mode):
 
 
 def _collectives(build, mesh_shape, rules):
-  """The collective counts of lowering `build(mesh, x[b:5, n:7, d:4])`."""
+  """The collectives of lowering `build(mesh, x[b:5, n:7, d:4])`, checked
+  against those the cost model predicts (the operations' cost rules price
+  their padded lowerings)."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   x = mtf.import_tf_tensor(mesh, tf.constant(X[0]), "b:5;n:7;d:4")
   outputs = build(mesh, x)
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-      mesh_shape, mtf.LayoutRules(rules, allow_uneven=True), [""] * 8)
+  rules = mtf.LayoutRules(rules, allow_uneven=True)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules,
+                                                   [""] * 8)
   del outputs
-  lowering = mtf.Lowering(graph, {mesh: impl})
-  return {k.split("/")[1] for k, v in lowering.counters
-          if k.startswith("comm/") and k.endswith("/calls") and v}
+  counted = cost_model.counted_collectives(
+      dict(mtf.Lowering(graph, {mesh: impl}).counters))
+  assert cost_model.graph_cost(graph, mesh_shape, rules).collectives == (
+      counted)
+  return {kind for kind, _ in counted}
 
 
 @pytest.mark.parametrize("name,build,want", [
@@ -373,8 +379,8 @@ def _collectives(build, mesh_shape, rules):
                    mtf.zeros(mesh, "fh:2;fw:2;n:7;c:3"), (1, 1), "SAME"),
         mtf.max_pool2d(mtf.zeros(mesh, "b:5;h:4;w:4;n:7"))], set()),
     ("shift_padded", lambda mesh, x: [
-        mtf.shift(x, 3, "n", wrap=False), mtf.shift(x, -2, "b", wrap=True)],
-     {"receive"}),
+        mtf.shift(x, 3, "n", wrap=False), mtf.shift(x, -2, "b", wrap=True),
+        mtf.shift(x, 5, "n", wrap=True)], {"receive"}),
 ])
 def test_padded_movement_lowers_without_gathering(name, build, want):
   """These keep their padded dimensions in place (or move data along one
