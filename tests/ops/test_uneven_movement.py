@@ -2,10 +2,12 @@
 
 Reshapes, shifts and halo exchange, slice/pad/concat, split/stack/unstack,
 renames, convolution and pooling, while loops, recomputed and custom
-gradients and Print, on the uneven layouts of `mtf_testing.uneven_layouts` (dimensions
-"b" and "n" split over `all:8`, `b:2;m:4` and `b:4;m:2`) with the sizes
-5, 7, 12 and 100. Each case table runs as one program per layout and mode
-(`check_ops`); check_op also asserts that every output's padding is zero.
+gradients and Print, on the uneven layouts of `mtf_testing.uneven_layouts`
+(dimensions "b" and "n" split over `all:8`, `b:2;m:4` and `b:4;m:2`) with
+the sizes 5, 7, 12 and 100. Each case table runs as one program per layout
+and mode (`check_ops`); check_op also asserts that every output's padding
+is zero. The padded lowerings of these operations (no gathering) are pinned
+by their collectives, which their cost rules must predict.
 """
 
 import numpy as np
