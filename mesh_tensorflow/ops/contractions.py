@@ -43,7 +43,6 @@ class EinsumOperation(graph_lib.Operation):
   # Padding is zero in every operand: a padded position contributes 0 to
   # a sum over it, and is 0 in the output.
   handles_padding = True
-  padding_stays_zero = True
 
   def __init__(self, inputs, output_shape, name=None):
     super().__init__(inputs, name=name or "einsum")
@@ -54,6 +53,15 @@ class EinsumOperation(graph_lib.Operation):
       raise TypeError(f"einsum {self.name!r}: inputs must share a dtype, got "
                       f"{sorted(d.name for d in dtypes)}.")
     self._outputs = [graph_lib.Tensor(self, output_shape, inputs[0].dtype)]
+
+  @property
+  def padding_stays_zero(self):
+    """A product with a zero factor: zero padding in every output dimension
+    some input has (one that none has is broadcast, copying values)."""
+    names = set()
+    for x in self._inputs:
+      names.update(x.shape.dimension_names)
+    return set(self._outputs[0].shape.dimension_names) <= names
 
   def gradient_operands(self, dy, index):
     """The einsum operands of input `index`'s gradient (summed to its

@@ -222,6 +222,9 @@ def test_contractions(mesh_shape, layout, mode):
           "pq,p,q->", x, r, c), {"x": X, "r": ROW, "c": COL}),
       "outer": (_einsum("pq"), np.outer, {"r": ROW, "c": COL}),
       "transpose": (_einsum("qp"), np.transpose, {"x": X}),
+      # A dimension no input has: the output is broadcast along it.
+      "broadcast": (_einsum("qp"), lambda r: np.broadcast_to(r, (Q, P)),
+                    {"r": ROW}),
       "three_d": (_einsum("rp"), lambda t, c: np.einsum("pqr,q->rp", t, c),
                   {"t": PQR, "c": COL}),
       "elementwise": (_einsum("pq"), lambda x, y: x * y, {"x": X, "y": Y}),
