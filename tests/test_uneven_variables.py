@@ -284,3 +284,45 @@ def test_simd_checkpoint_of_padded_variables(tmp_path):
       lambda: _read_lowered(target))[0])
   np.testing.assert_array_equal(w, loaded["w"])
   np.testing.assert_array_equal(b, loaded["b"])
+
+
+def _saver_session(impl, path, save):
+  """Graph mode: w (assigned 2 w + 1 before saving) through a compat
+  Saver; returns the value read after saving or restoring."""
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    w = mtf.get_variable(mesh, "w", "n:7;h:12",
+                         initializer=W0 if save else W0 * 0)
+    if save:
+      w = mtf.read_variable(w, dependencies=[mtf.assign(w, w * 2.0 + 1.0)])
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    value = lowering.export_to_tf_tensor(w)
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+      if save:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(lowering.copy_masters_to_slices())
+        result = sess.run(value)
+        sess.run(lowering.copy_slices_to_masters())
+        saver.save(sess, path)
+      else:
+        saver.restore(sess, path)
+        sess.run(lowering.copy_masters_to_slices())
+        result = sess.run(value)
+  return result
+
+
+def test_compat_saver_checkpoint_of_padded_variables(tmp_path):
+  """The masters a compat Saver writes hold the logical tensor, and restore
+  into another uneven layout."""
+  path = os.path.join(tmp_path, "ckpt")
+  saved = _saver_session(mtf.placement_mesh_impl.PlacementMeshImpl(
+      "b:4;m:2", LAYOUTS[3][2]), path, save=True)
+  np.testing.assert_allclose(saved, W0 * 2 + 1, rtol=1e-6)
+  loaded = mtf.storage.checkpointing.load_variables(path)
+  assert loaded["w"].shape == (7, 12)
+  np.testing.assert_array_equal(loaded["w"], saved)
+  restored = _saver_session(mtf.placement_mesh_impl.PlacementMeshImpl(
+      "all:8", LAYOUTS[1][2]), path, save=False)
+  np.testing.assert_array_equal(restored, saved)
