@@ -137,6 +137,9 @@ def test_elementwise_and_constants(mesh_shape, layout, mode):
       "constant_minus_x": (
           lambda x: mtf.constant(x.mesh, 3.0, x.shape) - x,
           lambda x: 3.0 - x, {"x": X}),
+      "array_constant": (
+          lambda x: mtf.constant(x.mesh, Y[0], x.shape) * x,
+          lambda x: Y[0] * x, {"x": X}),
       "range_p_times_x": (
           lambda x: mtf.cast(mtf.range(x.mesh, _dim("p"), tf.int32),
                              tf.float32) * x,
@@ -381,6 +384,10 @@ def test_one_hot_and_gather(mesh_shape, layout, mode):
       "one_hot_into_p": (lambda i: mtf.one_hot(i, _dim("p")),
                          lambda i: np.eye(P, dtype=np.float32)[i],
                          {"i": rows}),
+      "one_hot_off_value": (
+          lambda i: mtf.one_hot(i, _dim("p"), on_value=2.0, off_value=-0.5),
+          lambda i: np.where(np.eye(P, dtype=bool)[i], 2.0, -0.5).astype(
+              np.float32), {"i": rows}),
       "one_hot_of_p": (lambda i: mtf.one_hot(i, _dim("q"), dtype=tf.int32),
                        lambda i: np.eye(Q, dtype=np.int32)[i],
                        {"i": by_p}),
