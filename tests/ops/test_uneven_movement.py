@@ -99,6 +99,15 @@ def test_reshapes_and_renames(mesh_shape, layout, mode):
                   _reshape_ref((6, 2, 7, 2)), {"x": W}),
       # A dimension moved to another mesh dimension by its new name (n is
       # on m, b on b in the 2-D layouts; on all:8 one of them is).
+      # A pending sum (over b's mesh dimension) reshaped keeping n: locally,
+      # or to a new dimension "b" (4) that mesh dimension splits.
+      "pending": (lambda mesh, t: {
+          "y": mtf.reshape(mtf.reduce_sum(t["x"], reduced_dim=t["x"].shape[0]),
+                           "n:7;d0:2;d1:2"),
+          "z": mtf.reshape(mtf.reduce_sum(t["x"], reduced_dim=t["x"].shape[0]),
+                           "n:7;b:4")},
+                  lambda x: {"y": x.sum(0).reshape(7, 2, 2), "z": x.sum(0)},
+                  {"x": X}),
       "move": (lambda mesh, t: {"y": mtf.rename_dimension(t["x"], "n", "b")},
                lambda x: {"y": x}, {"x": Y}),
       "rename": (lambda mesh, t: {"y": mtf.rename_dimension(t["x"], "d",
@@ -370,6 +379,9 @@ def _collectives(build, mesh_shape, rules):
 @pytest.mark.parametrize("name,build,want", [
     ("reshape_keeps_padded", lambda mesh, x: [
         mtf.reshape(x, "b:5;n:7;d0:2;d1:2")], set()),
+    ("reshape_pending_sum_keeps_padded", lambda mesh, x: [
+        mtf.reshape(mtf.reduce_sum(x, reduced_dim=x.shape[0]), "n:7;b:4")],
+     {"reduce_scatter"}),
     ("slice_pad_concat_split", lambda mesh, x: [
         mtf.slice(x, 1, 2, "d"), mtf.pad(x, [1, 0], "d"),
         mtf.concat([x, x], "d"), mtf.split(x, "d", 2)[1]], set()),
