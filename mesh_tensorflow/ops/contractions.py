@@ -151,7 +151,8 @@ class _EinsumCost(cost_rules.CostRule):
     for d in all_dims:
       m = layout.mesh_dim(d[0])
       whole = m is None or d in replicate
-      flops *= d[1] if whole else d[1] // layout.sizes[m]
+      # A padded (uneven) slice holds ceil(size / pieces).
+      flops *= d[1] if whole else -(-d[1] // layout.sizes[m])
     pending = reduced
     intersection = [d for d in out if d in all_dims]
     if len(intersection) != len(out):

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.auto_mtf import cost_model
 from tests import mtf_testing
 
 P, Q, S, V, R = 5, 7, 12, 100, 3
@@ -508,3 +509,16 @@ def test_only_zero_preserving_functions_skip_the_zeroing():
     while not isinstance(grad_op, mtf.ops.slicewise_ops.SlicewiseOperation):
       grad_op = grad_op.inputs[0].operation
     assert grad_op.padding_stays_zero == keeps, fn.__name__
+
+
+def test_einsum_cost_counts_padded_slices():
+  """The cost rule prices the local einsum on the padded slices it runs."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  y = mtf.einsum([mtf.zeros(mesh, [_dim("p"), _dim("q")]),
+                  mtf.zeros(mesh, [_dim("q"), _dim("r")])],
+                 output_shape=[_dim("p"), _dim("r")])
+  cost = cost_model.operation_cost(y.operation, {"p": "b", "q": "m"},
+                                   {"b": 2, "m": 4})
+  # Slices of ceil(5 / 2) = 3 by ceil(7 / 4) = 2, times r = 3.
+  assert cost.flops == 2 * 3 * 2 * 3
