@@ -162,9 +162,9 @@ def test_binary_comparisons_and_where(mesh_shape, layout, mode):
   ops, comparisons, where and add_n."""
   table = {
       "add": (lambda x, c: x + c, lambda x, c: x + c, {"x": X, "c": COL}),
-      "add_row": (lambda r, c: mtf.add(r, c, output_shape=[_dim("p"),
-                                                           _dim("q")]), lambda r, c: r[:, None] + c,
-                  {"r": ROW, "c": COL}),
+      "add_row": (
+          lambda r, c: mtf.add(r, c, output_shape=[_dim("p"), _dim("q")]),
+          lambda r, c: r[:, None] + c, {"r": ROW, "c": COL}),
       "sub": (lambda x, r: x - r, lambda x, r: x - r[:, None],
               {"x": X, "r": ROW}),
       "multiply": (lambda x, y: x * y, lambda x, y: x * y, {"x": X, "y": Y}),
