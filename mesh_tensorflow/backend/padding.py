@@ -109,13 +109,15 @@ def _as_dtype(value, dtype):
 
 
 def pad_full(x, axes):
-  """A full tensor padded with zeros at the end of each padded axis."""
-  if not axes:
-    return x
-  paddings = [[0, 0] for _ in range(x.shape.rank)]
+  """A full tensor padded with zeros at the end of each padded axis.
+
+  One axis at a time: TF's Pad takes at most 6 groups of padded and
+  unpadded axes (docs/kernel_limits.md), which three padded axes of a
+  rank-7 tensor would pass.
+  """
   for axis in axes:
-    paddings[axis.tensor_axis][1] = padded_size(axis) - axis.size
-  return tf.pad(x, paddings)
+    x = pad_axis(x, axis.tensor_axis, axis.size, padded_size(axis))
+  return x
 
 
 def strip_full(x, axes):

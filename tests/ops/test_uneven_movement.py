@@ -402,3 +402,17 @@ def test_padded_movement_lowers_without_gathering(name, build, want):
   around (see test_uneven_mechanism)."""
   del name
   assert _collectives(build, "b:2;m:4", [("b", "b"), ("n", "m")]) == want
+
+
+def test_rank_7_with_three_padded_dimensions():
+  """Three padded dimensions of a rank-7 tensor (on a 3-D mesh) between
+  unpadded ones: importing pads one dimension at a time (TF's Pad takes at
+  most 6 groups of padded and unpadded axes), the padding fill broadcasts
+  a mask of three axes. Run with TF_ENABLE_ONEDNN_OPTS at 0 and 1."""
+  x = _u((2, 3, 2, 3, 2, 3, 2), 9)
+  mtf_testing.check_op(
+      lambda mesh, t: {"y": mtf.shift(t["x"] * 2.0, 1, "a", wrap=True)},
+      lambda x: {"y": np.roll(x * 2.0, 1, axis=1)},
+      {"x": (x, ["z", "a", "y", "c", "w", "e", "v"])}, "p:2;q:2;r:2",
+      mtf.LayoutRules([("a", "p"), ("c", "q"), ("e", "r")],
+                      allow_uneven=True), "eager")
