@@ -97,6 +97,16 @@ def _from_words(seed, full_shape, slice_shape, begin):
   return tf.cast(mantissa, tf.float32) * 2.0**-_FLOAT_BITS
 
 
+def _as_begin(b):
+  return tf.cast(b, tf.int64) if isinstance(b, tf.Tensor) else int(b)
+
+
+def _at_most(b, limit):
+  if isinstance(b, tf.Tensor):
+    return tf.minimum(tf.cast(b, tf.int64), limit)
+  return min(int(b), limit)
+
+
 def unit_uniform(seed, full_shape, slice_shape, begin):
   """The slice of the float32 [0, 1) stream of `seed` over `full_shape`
   that starts at `begin` (ints, or scalar integer tensors), flat."""
@@ -112,13 +122,15 @@ def unit_uniform(seed, full_shape, slice_shape, begin):
       # A slice of an uneven split may reach past the end, or lie wholly
       # beyond it: its padding, whose values do not matter (the lowering
       # zeroes it). So pad by a slice, and start at most at the end.
-      values = tf.pad(values, [[0, part if part < whole else 0]
-                               for part, whole in zip(slice_shape,
-                                                      full_shape)])
+      # (Known to end inside, as every slice of an even split: no pad.)
+      uneven = [isinstance(b, tf.Tensor) or int(b) + part > whole
+                for b, part, whole in zip(begin, slice_shape, full_shape)]
+      if any(uneven):
+        values = tf.pad(values, [[0, part if pad else 0] for part, pad in
+                                 zip(slice_shape, uneven)])
       values = tf.slice(values, [
-          tf.minimum(tf.cast(b, tf.int64), whole) if isinstance(
-              b, tf.Tensor) else min(int(b), whole)
-          for b, whole in zip(begin, full_shape)], slice_shape)
+          _at_most(b, whole) if pad else _as_begin(b)
+          for b, whole, pad in zip(begin, full_shape, uneven)], slice_shape)
     return tf.reshape(values, [-1])
   if _is_one_run(full_shape, slice_shape):
     start = _linear_start(full_shape, begin)
