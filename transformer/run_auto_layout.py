@@ -80,7 +80,8 @@ def fixed_batch_size(sequence_length, batch_size):
 def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
                   objective="time", memory_budget=None, machine=None,
                   max_mesh_shape_dimensions=2, shard_weight_update=False,
-                  shard_parameters=False, quick_calibration=False):
+                  shard_parameters=False, quick_calibration=False,
+                  allow_uneven=False):
   """The LayoutChoice of a graph (see mtf.auto_mtf.api.choose_layout).
 
   Args:
@@ -100,6 +101,8 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
       (utils.run's), counted in the memory of each layout.
     quick_calibration: measure the machine in seconds instead (rougher
       figures) where nothing is cached.
+    allow_uneven: also consider splits that need padding
+      (utils.run.allow_uneven_splits), priced with their padding.
 
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
@@ -123,7 +126,7 @@ def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
         max_mesh_shape_dimensions=max_mesh_shape_dimensions,
         shard_weight_update=shard_weight_update,
         shard_parameters=shard_parameters,
-        quick_calibration=quick_calibration)
+        quick_calibration=quick_calibration, allow_uneven=allow_uneven)
   except calibration_subprocess.CalibrationError as e:
     raise ValueError(
         f'utils.run.layout_rules = "auto": the layout search (objective '
@@ -159,7 +162,8 @@ def training_features(model_type, batch_size, sequence_length,
 
 
 def choose(model_fn, mesh_shape_or_processor_count, features_fn,
-           shard_weight_update=False, shard_parameters=False):
+           shard_weight_update=False, shard_parameters=False,
+           allow_uneven=False):
   """Searches the layout of model_fn's training graph.
 
   Args:
@@ -169,6 +173,7 @@ def choose(model_fn, mesh_shape_or_processor_count, features_fn,
     features_fn: () -> a dict of TF features (see training_features).
     shard_weight_update, shard_parameters: utils.run's data-parallel
       sharding (the search counts its memory).
+    allow_uneven: utils.run.allow_uneven_splits (padded splits searched).
 
   Returns:
     an mtf.auto_mtf.api.LayoutChoice.
@@ -182,7 +187,8 @@ def choose(model_fn, mesh_shape_or_processor_count, features_fn,
   # it runs in a fresh process).
   return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count,
                        shard_weight_update=shard_weight_update,
-                       shard_parameters=shard_parameters)
+                       shard_parameters=shard_parameters,
+                       allow_uneven=allow_uneven)
 
 
 def mesh_shape_string(mesh_shape):

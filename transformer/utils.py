@@ -367,7 +367,8 @@ def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
                    sequence_length, train_steps, total_run_steps,
                    learning_rate_schedule, ensemble_inputs, train_dataset_fn,
                    processor_count_fn, shard_weight_update=False,
-                   shard_parameters=False, **model_fn_args):
+                   shard_parameters=False, allow_uneven=False,
+                   **model_fn_args):
   """The LayoutChoice of the run's training graph (layout_rules "auto"), on
   its mesh shape or (mesh_shape "auto") on processor_count_fn() processors;
   see run_auto_layout."""
@@ -397,7 +398,8 @@ def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
 
   return run_auto_layout.choose(model_fn, searched, features_fn,
                                 shard_weight_update=shard_weight_update,
-                                shard_parameters=shard_parameters)
+                                shard_parameters=shard_parameters,
+                                allow_uneven=allow_uneven)
 
 
 @gin.configurable(module=_GIN_MODULE)
@@ -550,7 +552,8 @@ def run(tpu_job_name,
         processor_count_fn=lambda: run_devices.processor_count(
             mesh_devices, cluster),
         shard_weight_update=shard_weight_update,
-        shard_parameters=shard_parameters)
+        shard_parameters=shard_parameters,
+        allow_uneven=allow_uneven_splits)
     run_auto_layout.report(choice)
     run_auto_layout.bind_choice(choice)
     # Called again through gin, which now supplies the chosen values and

@@ -211,9 +211,11 @@ def test_per_replica_batch_size_is_an_error(tmp_path):
         "utils.run.batch_size = ('sequences_per_replica', 2)")
 
 
-def test_time_objective_settings_reach_the_search(tmp_path):
-  """The default objective is "time"; gin's budget and machine reach
-  choose_layout, and the predicted step time is printed."""
+@pytest.mark.parametrize("uneven", [False, True])
+def test_time_objective_settings_reach_the_search(tmp_path, uneven):
+  """The default objective is "time"; gin's budget and machine (and
+  utils.run.allow_uneven_splits) reach choose_layout, and the predicted
+  step time is printed."""
   calls = []
   chosen = auto_mtf_api.LayoutChoice(
       layout_rules=mtf.convert_to_layout_rules("batch:mesh_0"),
@@ -230,14 +232,16 @@ def test_time_objective_settings_reach_the_search(tmp_path):
     params = [p for p in SHORT if not p.startswith("auto_layout")]
     printed, _ = _search_only(tmp_path, *params, *AUTO_BOTH,
                               "auto_layout.memory_budget = 123456",
-                              "auto_layout.machine = '/nowhere/machine.json'")
+                              "auto_layout.machine = '/nowhere/machine.json'",
+                              *(["utils.run.allow_uneven_splits = True"]
+                                if uneven else []))
   (graph, mesh_shape, outputs, kwargs), = calls
   assert mesh_shape == 8
   assert kwargs == dict(objective="time", memory_budget=123456,
                         machine="/nowhere/machine.json",
                         max_mesh_shape_dimensions=2,
                         shard_weight_update=False, shard_parameters=False,
-                        quick_calibration=False)
+                        quick_calibration=False, allow_uneven=uneven)
   assert isinstance(graph, mtf.Graph) and graph.trainable_variables
   # The graph is the training step's: the loss, and optimizer updates.
   assert [t.shape.dims for t in outputs] == [[]]
