@@ -34,13 +34,16 @@ $(T5_STAMP): $(STAMP) $(T5_CLIENT)
 # AVX-512 servers and off elsewhere, with other limits (softmax rank <= 5)
 # and summation orders. The whole suite runs in one setting (on by default:
 # the stricter one, and what most servers run) and these tests, which cover
-# the rank-limited kernels, 2-D local attention, a pipelined binary run and
-# BERT (with its mixture-of-experts and relative-attention configs),
-# in the other.
+# the rank-limited kernels (and the padding of uneven splits, whose pad
+# and select kernels meet the same limits), 2-D local attention, a
+# pipelined binary run and BERT (with its mixture-of-experts and
+# relative-attention configs), in the other.
 ONEDNN ?= 1
 ONEDNN_OTHER := $(if $(filter 0,$(ONEDNN)),1,0)
 BOTH_SETTINGS_TESTS := \
 	tests/ops/test_high_rank.py \
+	tests/ops/test_uneven_movement.py::test_rank_7_with_three_padded_dimensions \
+	tests/test_uneven_mechanism.py \
 	tests/test_local_attention_layers.py \
 	tests/transformer/test_funnel_transformer.py \
 	"tests/test_random_programs.py::test_random_programs_agree_with_one_processor[0]" \
