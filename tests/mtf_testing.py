@@ -684,3 +684,41 @@ def run_program(mesh_shape, layout, mode, build, fetch_variables=True):
                       for k, v in outputs.items()}
 
   return run_in_mode(mode, build_and_lower, impl), graphs[-1]
+
+
+def np_shift(x, offset, axis, wrap):
+  """NumPy reference of mtf.shift: `x` moved by `offset` along `axis`,
+  wrapping around or filled with zeros."""
+  if wrap:
+    return np.roll(x, offset, axis=axis)
+  y = np.zeros_like(x)
+  size = x.shape[axis]
+  src = np.arange(size) - offset
+  ok = (src >= 0) & (src < size)
+  index = [slice(None)] * x.ndim
+  index[axis] = np.nonzero(ok)[0]
+  take = [slice(None)] * x.ndim
+  take[axis] = src[ok]
+  y[tuple(index)] = x[tuple(take)]
+  return y
+
+
+def tf_reference(tf_fn):
+  """(np_fn, np_grad_fn) for check_op from tf_fn(**float64 tensors) -> dict
+  of outputs: TensorFlow's own op in float64 as the reference (e.g. a
+  convolution), with its gradients from a GradientTape."""
+  def np_fn(**arrays):
+    out = tf_fn(**{k: tf.constant(v, tf.float64) for k, v in arrays.items()})
+    return {k: v.numpy() for k, v in out.items()}
+
+  def np_grad_fn(cotangents, **arrays):
+    tensors = {k: tf.constant(v, tf.float64) for k, v in arrays.items()}
+    with tf.GradientTape() as tape:
+      tape.watch(list(tensors.values()))
+      out = tf_fn(**tensors)
+      total = tf.add_n([tf.reduce_sum(out[k] * c)
+                        for k, c in cotangents.items()])
+    grads = tape.gradient(total, tensors)
+    return {k: g.numpy() for k, g in grads.items()}
+
+  return np_fn, np_grad_fn

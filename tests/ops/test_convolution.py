@@ -27,27 +27,8 @@ def _u(shape, seed):
                                              size=shape).astype(np.float32)
 
 
-def _reference(tf_fn):
-  """(np_fn, np_grad_fn) for check_op from tf_fn(**float64 tensors)."""
-  def np_fn(**arrays):
-    out = tf_fn(**{k: tf.constant(v, tf.float64) for k, v in arrays.items()})
-    return {k: v.numpy() for k, v in out.items()}
-
-  def np_grad_fn(cotangents, **arrays):
-    tensors = {k: tf.constant(v, tf.float64) for k, v in arrays.items()}
-    with tf.GradientTape() as tape:
-      tape.watch(list(tensors.values()))
-      out = tf_fn(**tensors)
-      total = tf.add_n([tf.reduce_sum(out[k] * c)
-                        for k, c in cotangents.items()])
-    grads = tape.gradient(total, tensors)
-    return {k: g.numpy() for k, g in grads.items()}
-
-  return np_fn, np_grad_fn
-
-
 def _check(build, tf_fn, inputs, mesh_shape, layout, mode):
-  np_fn, np_grad_fn = _reference(tf_fn)
+  np_fn, np_grad_fn = mtf_testing.tf_reference(tf_fn)
   mtf_testing.check_op(build, np_fn, inputs, mesh_shape, layout, mode,
                        np_grad_fn=np_grad_fn)
 

@@ -16,21 +16,6 @@ from tests import mtf_testing
 OFFSETS = {False: (2, -5, 8, 20), True: (3, -4, 21)}
 
 
-def _np_shift(x, offset, axis, wrap):
-  size = x.shape[axis]
-  if wrap:
-    return np.roll(x, offset, axis=axis)
-  y = np.zeros_like(x)
-  src = np.arange(size) - offset
-  ok = (src >= 0) & (src < size)
-  index = [slice(None)] * x.ndim
-  index[axis] = np.nonzero(ok)[0]
-  take = [slice(None)] * x.ndim
-  take[axis] = src[ok]
-  y[tuple(index)] = x[tuple(take)]
-  return y
-
-
 def _x(shape, seed=0):
   return np.random.RandomState(seed).uniform(-1.0, 1.0,
                                              size=shape).astype(np.float32)
@@ -48,9 +33,9 @@ def test_shift(mesh_shape, layout, mode, wrap):
     return out
 
   def np_fn(x):
-    out = {f"y{i}": _np_shift(x, off, 1, wrap)
+    out = {f"y{i}": mtf_testing.np_shift(x, off, 1, wrap)
            for i, off in enumerate(OFFSETS[wrap])}
-    out["by_name"] = _np_shift(x, 3, 0, wrap)
+    out["by_name"] = mtf_testing.np_shift(x, 3, 0, wrap)
     return out
 
   mtf_testing.check_op(build, np_fn, {"x": (_x((8, 16)), ["a", "b"])},
@@ -134,7 +119,7 @@ def test_dynamic_shift(mesh_shape, layout, mode, wrap):
   offsets = np.array([0, 1, -1, 3, -7, 8, 9, -12], np.int32)
 
   def np_fn(x, offset):
-    return {"y": np.stack([_np_shift(row, o, 0, wrap)
+    return {"y": np.stack([mtf_testing.np_shift(row, o, 0, wrap)
                            for row, o in zip(x, offset)])}
 
   mtf_testing.check_op(

@@ -33,21 +33,6 @@ def _dims(t, **sizes):
                     for d in t.shape])
 
 
-def _np_shift(x, offset, axis, wrap):
-  if wrap:
-    return np.roll(x, offset, axis=axis)
-  y = np.zeros_like(x)
-  size = x.shape[axis]
-  src = np.arange(size) - offset
-  ok = (src >= 0) & (src < size)
-  index = [slice(None)] * x.ndim
-  index[axis] = np.nonzero(ok)[0]
-  take = [slice(None)] * x.ndim
-  take[axis] = src[ok]
-  y[tuple(index)] = x[tuple(take)]
-  return y
-
-
 def _np_halo(x, halo, wrap):
   """x[blocks, size]: each block with `halo` entries of the flattened
   neighbours on either side (zeros past the ends unless `wrap`)."""
@@ -145,9 +130,9 @@ def _shift_case(x, dim, axis, offsets, wrap_offsets):
     return out
 
   def ref(x):
-    out = {f"z{i}": _np_shift(x, o, axis, False)
+    out = {f"z{i}": mtf_testing.np_shift(x, o, axis, False)
            for i, o in enumerate(offsets)}
-    out.update({f"w{i}": _np_shift(x, o, axis, True)
+    out.update({f"w{i}": mtf_testing.np_shift(x, o, axis, True)
                 for i, o in enumerate(wrap_offsets)})
     return out
 
@@ -167,7 +152,7 @@ def test_shifts(mesh_shape, layout, mode):
   cases["dynamic"] = (
       lambda mesh, t: {"y": mtf.dynamic_shift(
           t["x"], mtf.constant(mesh, 2, dtype=tf.int32), "n", wrap=False)},
-      lambda x: {"y": _np_shift(x, 2, 1, False)}, {"x": X})
+      lambda x: {"y": mtf_testing.np_shift(x, 2, 1, False)}, {"x": X})
   mtf_testing.check_ops(cases, mesh_shape, layout, mode)
 
 
@@ -247,25 +232,6 @@ def test_slicing_along_a_padded_dimension_is_refused():
     mtf.Lowering(graph, {mesh: impl})
 
 
-def _tf_reference(tf_fn):
-  """(np_fn, np_grad_fn) for check_op from tf_fn(**float64 tensors)."""
-  def np_fn(**arrays):
-    out = tf_fn(**{k: tf.constant(v, tf.float64) for k, v in arrays.items()})
-    return {k: v.numpy() for k, v in out.items()}
-
-  def np_grad_fn(cotangents, **arrays):
-    tensors = {k: tf.constant(v, tf.float64) for k, v in arrays.items()}
-    with tf.GradientTape() as tape:
-      tape.watch(list(tensors.values()))
-      out = tf_fn(**tensors)
-      total = tf.add_n([tf.reduce_sum(out[k] * c)
-                        for k, c in cotangents.items()])
-    grads = tape.gradient(total, tensors)
-    return {k: g.numpy() for k, g in grads.items()}
-
-  return np_fn, np_grad_fn
-
-
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
 def test_convolution_and_pooling(mesh_shape, layout, mode):
   """Batch "b" (5) and the input channels "n" (7) padded; a 1-D
@@ -287,7 +253,7 @@ def test_convolution_and_pooling(mesh_shape, layout, mode):
         "avg": tf.nn.avg_pool2d(p, (1, 3), (1, 3), "VALID"),
     }
 
-  np_fn, np_grad_fn = _tf_reference(tf_fn)
+  np_fn, np_grad_fn = mtf_testing.tf_reference(tf_fn)
   mtf_testing.check_op(
       build, np_fn,
       {"x": (_u((5, 3, 3, 7), 4), ["b", "h", "w", "n"]),
@@ -331,7 +297,7 @@ def test_loops_and_gradient_blocks(mesh_shape, layout, mode):
     return {"y": mtf.recompute_grad(block, [t["x"]])}
 
   def recompute_ref(x):
-    h = _np_shift(np.tanh(x), 2, 1, False)
+    h = mtf_testing.np_shift(np.tanh(x), 2, 1, False)
     return {"y": (h * h).sum(2)}
 
   def custom(mesh, t):
