@@ -258,6 +258,27 @@ def _signature_groups(graph):
   return list(groups.values())
 
 
+def assert_signature_groups_cost_alike(graph, sizes, **cost_kwargs):
+  """Operations sharing a cost signature cost the same under random
+  assignments (seeded) of their dimensions to the mesh's: the layout
+  search prices one per signature. `cost_kwargs` go to operation_cost."""
+  rng = random.Random(0)
+  for ops in _signature_groups(graph):
+    names = sorted(cost_model.cost_dimension_names(ops[0]))
+    for _ in range(4 if len(ops) > 1 else 0):
+      assignment = {}
+      for name in names:
+        m = rng.choice(list(sizes) + [None])
+        if m is not None:
+          assignment[name] = m
+      want = cost_model.operation_cost(ops[0], assignment, sizes,
+                                       **cost_kwargs)
+      for op in ops[1:]:
+        assert cost_model.operation_cost(
+            op, assignment, sizes, **cost_kwargs) == want, (
+                op.name, ops[0].name, assignment)
+
+
 @pytest.mark.parametrize(
     "case", [_CASES[2], _CASES[6], _CASES[7]],
     ids=[_case_id(c) for c in (_CASES[2], _CASES[6], _CASES[7])])
@@ -269,19 +290,7 @@ def test_operations_sharing_a_cost_signature_cost_alike(case):
   groups = _signature_groups(graph)
   num_operations = len(list(cost_model.all_operations(graph)))
   assert len(groups) < num_operations  # Some are shared.
-  rng = random.Random(0)
-  for ops in groups:
-    names = sorted(cost_model.cost_dimension_names(ops[0]))
-    for _ in range(4 if len(ops) > 1 else 0):
-      assignment = {}
-      for name in names:
-        m = rng.choice(list(sizes) + [None])
-        if m is not None:
-          assignment[name] = m
-      want = cost_model.operation_cost(ops[0], assignment, sizes)
-      for op in ops[1:]:
-        assert cost_model.operation_cost(op, assignment, sizes) == want, (
-            op.name, ops[0].name, assignment)
+  assert_signature_groups_cost_alike(graph, sizes)
 
 
 def test_the_cost_signature_tells_consumers_apart():

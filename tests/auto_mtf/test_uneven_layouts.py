@@ -24,6 +24,7 @@ from mesh_tensorflow.auto_mtf import scheduler
 from mesh_tensorflow.auto_mtf import valid_layouts
 from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.transformer import transformer
+from tests.auto_mtf import test_cost_model
 from tests.transformer import model_testing
 from tests.transformer import tiny_layers
 
@@ -380,26 +381,8 @@ def test_operations_sharing_a_cost_signature_cost_alike():
   class (random assignments, seeded)."""
   with tf.Graph().as_default():
     graph, _, _ = _lm_step()
-  sizes = {"m": 4, "n": 8}
-  groups = {}
-  for op in cost_model.all_operations(graph):
-    key = (cost_model.cost_dimension_names(op), cost_model.cost_signature(op))
-    groups.setdefault(key, []).append(op)
-  rng = random.Random(0)
-  for ops in groups.values():
-    names = sorted(cost_model.cost_dimension_names(ops[0]))
-    for _ in range(4 if len(ops) > 1 else 0):
-      assignment = {}
-      for name in names:
-        m = rng.choice(list(sizes) + [None])
-        if m is not None:
-          assignment[name] = m
-      want = cost_model.operation_cost(ops[0], assignment, sizes,
-                                       allow_uneven=True)
-      for op in ops[1:]:
-        assert cost_model.operation_cost(
-            op, assignment, sizes, allow_uneven=True) == want, (
-                op.name, ops[0].name, assignment)
+  test_cost_model.assert_signature_groups_cost_alike(
+      graph, {"m": 4, "n": 8}, allow_uneven=True)
 
 
 # ------------------------------------------------------------------ time
