@@ -18,11 +18,9 @@ STEPS = 3
 LM = [p for p in test_auto_layout_run.LM
       if not p.startswith(("utils.run.train_steps", "auto_layout"))] + [
           f"utils.run.train_steps = {STEPS}", "num_layers = 4",
-          # An "lm" decodes prompt and answer in one sequence of 16; rows
-          # with longer prompts step past 16 (positions looked up and
-          # ignored) in the modes of test_pipelined_run_modes.py, so the
-          # position table is longer.
-          "Unitransformer.max_length = 32"]
+          # An "lm" decodes prompt and answer in one sequence of 16: its
+          # position table has 16 entries (test_pipelined_run_modes.py).
+          "Unitransformer.max_length = 16"]
 PIPELINED = [
     "transformer.make_layer_stack.layer_stack_cls = "
     "@transformer.PipelinedLayerStack",
