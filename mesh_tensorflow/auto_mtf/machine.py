@@ -13,7 +13,10 @@ accepts a user's own figures, e.g. a TPU pod's (`machine_constants`).
 Calibration times this project's own lowering: einsums and element-wise ops
 under tf.function on the mesh's devices, and each collective of the mesh
 implementation (PlacementMeshImpl or SimdMeshImpl) on laid-out tensors, for
-every mesh dimension, at a few sizes. A collective's wire bytes come from
+every group size that divides the processor count, at a few sizes. One
+measurement of the devices serves every mesh shape of them (`for_mesh`
+names its links by the mesh's dimensions), so a search over mesh shapes
+measures once. A collective's wire bytes come from
 `collective_wire_bytes` (module mesh_impl), the formula of the lowering's
 counters, so a cost model multiplying counted wire bytes by the fitted
 seconds per wire byte predicts what the lowering will see.
@@ -36,6 +39,7 @@ defaults are optional, `default_collective` is used for what is missing):
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -60,8 +64,9 @@ CalibrationError = calibration_subprocess.CalibrationError
 CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
 _ANY_DIMS = ("*",)  # The key of a collective kind's default link.
-# 2: serial collectives, mtf operation overhead; 3: matmul bytes.
-_CACHE_FORMAT = 4
+# 2: serial collectives, mtf operation overhead; 3: matmul bytes; 5: one
+# measurement of the devices for every mesh shape, links by group size.
+_CACHE_FORMAT = 5
 
 
 # ------------------------------------------------------------- constants
@@ -430,16 +435,8 @@ def mesh_spec(mesh_shape):
 def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
   """Measures this machine's constants for a mesh.
 
-  Times, under tf.function on the mesh's devices: einsums of a few sizes
-  (median FLOP rate on one device; concurrency from the same einsum on one
-  device against on all at once, timed back to back, at the largest size;
-  the byte rate of skinny einsums, whose time is mostly their
-  operands' bytes), chains of element-wise ops on all devices at once (op
-  overhead and byte rate; on PlacementMeshImpl also lowered mtf ones, for
-  the overhead), and every collective of the mesh implementation over
-  every mesh dimension (and allreduce over all of them) at a few sizes, fitting latency and seconds per wire byte (least
-  squares on relative error, clipped to >= 0). Each figure is the median
-  of several runs after a warm-up, less the same program without the work.
+  The mesh's figures are derived (`for_mesh`) from one measurement of its
+  devices (`calibrate_devices`), which serves every mesh shape of them.
 
   Args:
     mesh_shape: the mesh, e.g. "b:2;m:4", [2, 4] or an mtf.Shape.
@@ -451,8 +448,50 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
   Returns:
     a MachineConstants.
   """
-  start = time.perf_counter()
   shape = mesh_shape_of(mesh_shape)
+  if devices is None:
+    devices = _default_devices(shape.size, mesh_impl)
+  return for_mesh(calibrate_devices(devices, mesh_impl, quick), shape)
+
+
+def calibrate_devices(devices, mesh_impl="placement", quick=False):
+  """Measures this machine's constants for any mesh of `devices`.
+
+  Times, under tf.function on the devices: einsums of a few sizes
+  (median FLOP rate on one device; concurrency from the same einsum on one
+  device against on all at once, timed back to back, at the largest size;
+  the byte rate of skinny einsums, whose time is mostly their
+  operands' bytes), chains of element-wise ops on all devices at once (op
+  overhead and byte rate; on PlacementMeshImpl also lowered mtf ones, for
+  the overhead), and every collective of the mesh implementation for every
+  group size g > 1 that divides the processor count (on a mesh of
+  (count / g, g) processors, all groups at once, as in a step) at a few
+  sizes, fitting latency and seconds per wire byte (least squares on
+  relative error, clipped to >= 0). Each figure is the median of several
+  runs after a warm-up, less the same program without the work.
+
+  A collective's time is taken to depend on its group size, not on which
+  processors form its groups (strided or adjacent): so every mesh shape of
+  these devices shares this one measurement (`for_mesh` names its links
+  by the mesh's dimensions).
+
+  Args:
+    devices: one device per processor (a list of device strings).
+    mesh_impl: "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl).
+    quick: fewer sizes and runs (a few seconds; rougher figures).
+
+  Returns:
+    a MachineConstants whose collectives are keyed by group size
+    (`group_dimension_name`), not by a mesh's dimensions.
+  """
+  start = time.perf_counter()
+  devices = list(devices)
+  num = len(devices)
+  if mesh_impl not in MESH_IMPLS:
+    raise ValueError(f"calibrate: mesh_impl must be one of "
+                     f"{list(MESH_IMPLS)}, got {mesh_impl!r}.")
+  if not num:
+    raise ValueError("calibrate: no devices to measure.")
   plan = _QUICK if quick else _FULL
   with tf.init_scope():
     if not tf.executing_eagerly():
@@ -461,7 +500,8 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
           "tf.compat.v1 graph mode, or call load_or_calibrate (which "
           "measures in a fresh process there), or pass measured constants "
           "(machine_constants).")
-    impl = _make_mesh_impl(shape, devices, mesh_impl)
+    flat = shape_lib.Shape([shape_lib.Dimension("_processors", num)])
+    impl = _make_mesh_impl(flat, devices, mesh_impl)
     devices = impl.devices
     compute = _calibrate_compute(devices, plan)
     if mesh_impl == "placement":
@@ -470,31 +510,94 @@ def calibrate(mesh_shape, devices=None, mesh_impl="placement", quick=False):
       # over the processors computing at once.
       compute["op_overhead_seconds"] = max(
           compute["op_overhead_seconds"],
-          _mtf_op_seconds(shape, devices, plan) /
+          _mtf_op_seconds(flat, devices, plan) /
           max(1.0, impl.size / compute["concurrency"]))
-    collectives = _calibrate_collectives(impl, plan)
+    collectives = []
+    for group in _group_sizes(num):
+      group_shape = shape_lib.Shape(
+          ([shape_lib.Dimension("_groups", num // group)]
+           if group < num else []) +
+          [shape_lib.Dimension(group_dimension_name(group), group)])
+      group_impl = _make_mesh_impl(group_shape, devices, mesh_impl)
+      axis = group_shape.ndims - 1
+      collectives.extend(_calibrate_collectives(
+          group_impl, plan, [(kind, (axis,)) for kind in COLLECTIVE_KINDS]))
   links = [link for _, _, link in collectives]
   default = LinkConstants(
       statistics.median(l.latency_seconds for l in links),
       statistics.median(l.seconds_per_wire_byte for l in links)) if links \
       else LinkConstants(0.0, 0.0)
+  seconds = time.perf_counter() - start
+  key = cache_key([num], devices, mesh_impl)
+  return MachineConstants(
+      default_collective=default, collectives=tuple(collectives),
+      source=(f"calibrated{' (quick)' if quick else ''}: {mesh_impl} on "
+              f"{key['devices']}, TensorFlow {key['tensorflow']}, "
+              f"{key['host_cpu']}"),
+      calibration_seconds=seconds,
+      share_replicas=bool(getattr(impl, "share_replicas", False)), **compute)
+
+
+def group_dimension_name(group_size):
+  """The dimension name under which `calibrate_devices` keeps the links of
+  collectives over groups of `group_size` processors."""
+  return f"_group_of_{group_size}"
+
+
+def _group_sizes(num):
+  return [g for g in range(2, num + 1) if num % g == 0]
+
+
+def for_mesh(device_constants, mesh_shape):
+  """The constants of one mesh, from `calibrate_devices`'s measurement.
+
+  Every collective kind over a mesh dimension of size s gets the links
+  measured for groups of s processors; an allreduce over several mesh
+  dimensions those of their product; each kind's default ("*") is the
+  median of its links over the mesh's dimensions, as a measurement of the
+  mesh itself would give. A group size that was not measured (a mesh of
+  another processor count) falls back to `default_collective`.
+
+  Args:
+    device_constants: a MachineConstants from `calibrate_devices`.
+    mesh_shape: the mesh, e.g. "b:2;m:4", [2, 4] or an mtf.Shape.
+
+  Returns:
+    a MachineConstants whose collectives are named by the mesh's
+    dimensions.
+  """
+  shape = mesh_shape_of(mesh_shape)
+  by_group = {(kind, dims[0]): link
+              for kind, dims, link in device_constants.collectives
+              if len(dims) == 1}
+  axes = [d for d in shape.dims if d.size > 1]
+  collectives = []
   per_kind = collections.defaultdict(list)
-  for kind, dims, link in collectives:
-    if len(dims) == 1:
-      per_kind[kind].append(link)
+  for dim in axes:
+    for kind in COLLECTIVE_KINDS:
+      link = by_group.get((kind, group_dimension_name(dim.size)))
+      if link is not None:
+        collectives.append((kind, (dim.name,), link))
+        per_kind[kind].append(link)
+  for count in range(2, len(axes) + 1):
+    for subset in itertools.combinations(axes, count):
+      size = shape_lib.list_product(d.size for d in subset)
+      link = by_group.get(("allreduce", group_dimension_name(size)))
+      if link is not None:
+        collectives.append(
+            ("allreduce", tuple(d.name for d in subset), link))
   for kind, kind_links in per_kind.items():
     collectives.append((kind, _ANY_DIMS, LinkConstants(
         statistics.median(l.latency_seconds for l in kind_links),
         statistics.median(l.seconds_per_wire_byte for l in kind_links))))
-  seconds = time.perf_counter() - start
-  key = cache_key(shape, devices, mesh_impl)
-  return MachineConstants(
-      default_collective=default, collectives=tuple(collectives),
-      source=(f"calibrated{' (quick)' if quick else ''}: {mesh_impl} on "
-              f"{key['devices']}, mesh {key['mesh_shape']}, TensorFlow "
-              f"{key['tensorflow']}, {key['host_cpu']}"),
-      calibration_seconds=seconds,
-      share_replicas=bool(getattr(impl, "share_replicas", False)), **compute)
+  return dataclasses.replace(
+      device_constants, collectives=tuple(collectives),
+      source=f"{device_constants.source}; mesh {mesh_spec(shape)}")
+
+
+def _default_devices(num, mesh_impl):
+  del mesh_impl  # Both implementations pick the same devices.
+  return placement_mesh_impl.default_devices(num)
 
 
 def _make_mesh_impl(shape, devices, mesh_impl):
@@ -677,16 +780,6 @@ def _mtf_op_seconds(shape, devices, plan):
   return max(seconds, 0.0) / (long - short)
 
 
-def _collective_cases(shape):
-  """(kind, mesh axes) to measure: every kind on every mesh dimension of
-  size > 1, and allreduce over all of them."""
-  axes = [i for i, d in enumerate(shape.dims) if d.size > 1]
-  cases = [(kind, (a,)) for a in axes for kind in COLLECTIVE_KINDS]
-  if len(axes) > 1:
-    cases.append(("allreduce", tuple(axes)))
-  return cases
-
-
 def _apply_collective(impl, kind, axes, x):
   if kind == "allreduce":
     return impl.allreduce(x, list(axes), "SUM")
@@ -707,11 +800,11 @@ def _wire_bytes(impl, kind, axes, slice_bytes):
                                              slice_bytes, receivers)
 
 
-def _calibrate_collectives(impl, plan):
-  """(kind, mesh dimension names, LinkConstants) for every case."""
+def _calibrate_collectives(impl, plan, cases):
+  """(kind, mesh dimension names, LinkConstants) for every case: a
+  (kind, mesh axes) pair."""
   rng = np.random.default_rng(1)
   simd = isinstance(impl, simd_mesh_impl.SimdMeshImpl)
-  cases = _collective_cases(impl.shape)
   points = {case: [] for case in cases}
   for elements, repeats in plan.collective_sizes:
     if simd:  # Tracing a SIMD program grows with its calls: keep it short.
@@ -833,10 +926,17 @@ def _host_cpu():
 
 
 def cache_key(mesh_shape, devices, mesh_impl, quick=False):
-  """What the constants depend on: device kinds and count, the mesh, the
-  mesh implementation, TensorFlow's version and the host's CPU (and
-  whether the measurement was quick: its rougher figures are kept apart)."""
+  """What the constants depend on: device kinds and count, the mesh
+  implementation, TensorFlow's version and the host's CPU (and whether the
+  measurement was quick: its rougher figures are kept apart). Not the
+  mesh's shape: every mesh of these devices shares one measurement
+  (`calibrate_devices`); `mesh_shape` must have one processor per device.
+  """
   shape = mesh_shape_of(mesh_shape)
+  if shape.size != len(devices):
+    raise ValueError(f"auto_mtf: mesh {mesh_spec(shape)} has {shape.size} "
+                     f"processors but {len(devices)} devices were given "
+                     f"({list(devices)}); give one device per processor.")
   kinds = collections.Counter(
       (tf.DeviceSpec.from_string(d).device_type or "?").upper()
       for d in sorted(set(devices)))
@@ -844,7 +944,6 @@ def cache_key(mesh_shape, devices, mesh_impl, quick=False):
       "format": _CACHE_FORMAT,
       "devices": ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
       "num_processors": len(devices),
-      "mesh_shape": mesh_spec(shape),
       "mesh_impl": mesh_impl,
       "tensorflow": tf.__version__,
       "host_cpu": _host_cpu(),
@@ -857,7 +956,8 @@ def cache_key(mesh_shape, devices, mesh_impl, quick=False):
 
 def cache_path(mesh_shape, devices=None, mesh_impl="placement",
                cache_dir=None, quick=False):
-  """The cache file of this machine and mesh."""
+  """The cache file of this machine's devices (one for every mesh shape
+  of them)."""
   shape = mesh_shape_of(mesh_shape)
   if devices is None:
     devices = placement_mesh_impl.default_devices(shape.size)
@@ -870,9 +970,10 @@ def cache_path(mesh_shape, devices=None, mesh_impl="placement",
 
 def load_cached(mesh_shape, devices=None, mesh_impl="placement",
                 cache_dir=None, quick=False):
-  """(MachineConstants, cache key) of the cached measurement of this
-  machine and mesh, or None. A quick request takes a full measurement
-  too; a corrupt cache file counts as missing, with a warning."""
+  """(MachineConstants of the mesh, cache key) from the cached measurement
+  of this machine's devices, or None. A quick request takes a full
+  measurement too; a corrupt cache file counts as missing, with a
+  warning."""
   shape = mesh_shape_of(mesh_shape)
   if devices is None:
     devices = placement_mesh_impl.default_devices(shape.size)
@@ -886,7 +987,8 @@ def load_cached(mesh_shape, devices=None, mesh_impl="placement",
       with open(path) as f:
         entry = json.load(f)
       if entry.get("key") == key:
-        return MachineConstants.from_dict(entry["constants"]), key
+        return for_mesh(MachineConstants.from_dict(entry["constants"]),
+                        shape), key
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
       message = (f"auto_mtf: machine constants cache {path} is unreadable "
                  f"({e}); measuring again.")
@@ -899,6 +1001,9 @@ def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
                       cache_dir=None, refresh=False, quick=False):
   """The cached constants of this machine and mesh, else calibrates.
 
+  The cache holds one measurement of the mesh's devices
+  (`calibrate_devices`), from which every mesh shape of them takes its
+  figures (`for_mesh`): a search over mesh shapes measures once.
   Calibration runs in this process when it can run programs eagerly, else
   (tf.compat.v1 graph mode) in a fresh Python process given this
   process's logical CPUs and devices (the calibration command of module
@@ -938,9 +1043,10 @@ def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
       refresh=refresh, devices=given_devices)
   command = calibration_subprocess.shell_command(args)
   key = cache_key(shape, devices, mesh_impl, quick)
-  logging.info("auto_mtf: measuring this machine's constants for mesh %s "
-               "(%s on %s%s; cached in %s)", key["mesh_shape"], mesh_impl,
-               key["devices"], ", quick" if quick else "", cache_dir)
+  logging.info("auto_mtf: measuring this machine's constants for every "
+               "mesh of %d processors (%s on %s%s; cached in %s)",
+               shape.size, mesh_impl, key["devices"],
+               ", quick" if quick else "", cache_dir)
   if not _runs_eagerly():
     constants = calibration_subprocess.run(
         args, devices, [cache_key(shape, devices, mesh_impl, q)
@@ -951,7 +1057,7 @@ def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
       raise CalibrationError(f"the calibration process gave unreadable "
                              f"constants ({e})", command) from None
   try:
-    constants = calibrate(shape, devices, mesh_impl, quick=quick)
+    constants = calibrate_devices(devices, mesh_impl, quick=quick)
   except (tf.errors.OpError, RuntimeError) as e:
     raise CalibrationError(f"{type(e).__name__}: {e}", command) from e
   path = cache_path(shape, devices, mesh_impl, cache_dir, quick)
@@ -962,7 +1068,7 @@ def load_or_calibrate(mesh_shape, devices=None, mesh_impl="placement",
   except OSError as e:
     logging.warning("auto_mtf: could not cache machine constants in %s: %s",
                     path, e)
-  return constants
+  return for_mesh(constants, shape)
 
 
 def _runs_eagerly():

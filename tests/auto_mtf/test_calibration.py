@@ -86,9 +86,9 @@ def test_graph_mode_script_calibrates_in_a_fresh_process(tmp_path):
       quick=True)
   assert entry["key"]["devices"] == "8 CPU"
   assert machine.load_or_calibrate("b:2;m:4", cache_dir=str(cache_dir),
-                                   quick=True) == (
+                                   quick=True) == machine.for_mesh(
                                        machine.MachineConstants.from_dict(
-                                           entry["constants"]))
+                                           entry["constants"]), "b:2;m:4")
 
 
 def _in_graph_mode(**kwargs):
@@ -132,7 +132,7 @@ def test_hung_child_and_other_tasks_devices_are_errors(tmp_path, monkeypatch):
 def test_in_process_failure_is_a_calibration_error(tmp_path, monkeypatch):
   def out_of_memory(*args, **kwargs):
     raise tf.errors.ResourceExhaustedError(None, None, "OOM\nwhen allocating")
-  monkeypatch.setattr(machine, "calibrate", out_of_memory)
+  monkeypatch.setattr(machine, "calibrate_devices", out_of_memory)
   with pytest.raises(machine.CalibrationError) as info:
     machine.load_or_calibrate("b:2", cache_dir=str(tmp_path))
   assert info.value.reason == "ResourceExhaustedError: OOM when allocating"

@@ -232,7 +232,8 @@ def test_calibration_wire_bytes_are_the_counters(mesh_impl):
         impl.trace_program(program)
     return _counted(impl, body)
 
-  for kind, axes in machine._collective_cases(shape):
+  cases = [(kind, (a,)) for a in range(shape.ndims) for kind in KINDS]
+  for kind, axes in cases + [("allreduce", (0, 1))]:
     counts = one(kind, axes)
     names = "_".join(shape.dims[a].name for a in axes)
     assert counts[f"comm/{kind}/{names}/wire_bytes"] == machine._wire_bytes(
@@ -320,8 +321,7 @@ class _FakeCalibrate:
   def __init__(self):
     self.calls = 0
 
-  def __call__(self, mesh_shape, devices=None, mesh_impl="placement",
-               quick=False):
+  def __call__(self, devices, mesh_impl="placement", quick=False):
     self.calls += 1
     d = _user_dict()
     d["flops_per_second"] = 1e9 * self.calls
@@ -334,29 +334,33 @@ def _fail(*args, **kwargs):
 
 def test_cache_is_used_refreshed_and_recovers(tmp_path, monkeypatch):
   fake = _FakeCalibrate()
-  monkeypatch.setattr(machine, "calibrate", fake)
+  monkeypatch.setattr(machine, "calibrate_devices", fake)
   first = machine.load_or_calibrate([2, 4], cache_dir=str(tmp_path))
   assert fake.calls == 1
   path = machine.cache_path([2, 4], cache_dir=str(tmp_path))
   assert os.path.exists(path)
   assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]
 
-  monkeypatch.setattr(machine, "calibrate", _fail)
+  monkeypatch.setattr(machine, "calibrate_devices", _fail)
   assert machine.load_or_calibrate([2, 4], cache_dir=str(tmp_path)) == first
   assert machine.load_or_calibrate(
       "mesh_0:2;mesh_1:4", cache_dir=str(tmp_path)) == first
 
-  monkeypatch.setattr(machine, "calibrate", fake)
+  monkeypatch.setattr(machine, "calibrate_devices", fake)
   refreshed = machine.load_or_calibrate([2, 4], cache_dir=str(tmp_path),
                                         refresh=True)
   assert fake.calls == 2 and refreshed != first
-  monkeypatch.setattr(machine, "calibrate", _fail)
+  monkeypatch.setattr(machine, "calibrate_devices", _fail)
   assert machine.load_or_calibrate([2, 4], cache_dir=str(tmp_path)) == (
       refreshed)
 
-  # Another mesh, another entry.
-  monkeypatch.setattr(machine, "calibrate", fake)
-  machine.load_or_calibrate([4, 2], cache_dir=str(tmp_path))
+  # Another mesh of the same devices: the same entry; another processor
+  # count: another.
+  assert machine.load_or_calibrate(
+      [4, 2], cache_dir=str(tmp_path)).flops_per_second == (
+          refreshed.flops_per_second)
+  monkeypatch.setattr(machine, "calibrate_devices", fake)
+  machine.load_or_calibrate([4], cache_dir=str(tmp_path))
   assert fake.calls == 3
 
   with open(path, "w") as f:
@@ -364,7 +368,7 @@ def test_cache_is_used_refreshed_and_recovers(tmp_path, monkeypatch):
   with pytest.warns(UserWarning, match="measuring again"):
     recovered = machine.load_or_calibrate([2, 4], cache_dir=str(tmp_path))
   assert fake.calls == 4 and recovered.flops_per_second == 4e9
-  monkeypatch.setattr(machine, "calibrate", _fail)
+  monkeypatch.setattr(machine, "calibrate_devices", _fail)
   assert machine.load_or_calibrate([2, 4], cache_dir=str(tmp_path)) == (
       recovered)
   assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
@@ -372,13 +376,51 @@ def test_cache_is_used_refreshed_and_recovers(tmp_path, monkeypatch):
 
 def test_cache_dir_from_environment(tmp_path, monkeypatch):
   fake = _FakeCalibrate()
-  monkeypatch.setattr(machine, "calibrate", fake)
+  monkeypatch.setattr(machine, "calibrate_devices", fake)
   monkeypatch.setenv(machine.CACHE_DIR_ENV, str(tmp_path / "env"))
   machine.load_or_calibrate([8], mesh_impl="simd")
   assert machine.default_cache_dir() == str(tmp_path / "env")
   assert os.listdir(tmp_path / "env")
   key = machine.cache_key(machine.mesh_shape_of([8]),
                           ["/device:CPU:%d" % i for i in range(8)], "simd")
-  assert key["mesh_shape"] == "mesh_0:8"
+  assert key["num_processors"] == 8 and "mesh_shape" not in key
   assert key["tensorflow"] == tf.__version__
   assert key["mesh_impl"] == "simd"
+
+
+def test_mesh_shapes_of_one_device_count_share_one_measurement(
+    tmp_path, monkeypatch):
+  """Searching every mesh shape of 8 processors measures the machine once:
+  each mesh's figures are derived from the one measurement of its
+  devices (a collective's by its group size)."""
+  monkeypatch.setenv(machine.CACHE_DIR_ENV, str(tmp_path))
+  # No timing: every measured program takes a millisecond.
+  monkeypatch.setattr(machine, "_median_seconds",
+                      lambda *args, **kwargs: 1e-3)
+  measured = []
+  real_compute = machine._calibrate_compute
+
+  def counting_compute(devices, plan):
+    measured.append(len(devices))
+    return real_compute(devices, plan)
+
+  monkeypatch.setattr(machine, "_calibrate_compute", counting_compute)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  x = mtf.get_variable(mesh, "x", "batch:64,io:32")
+  w = mtf.get_variable(mesh, "w", "io:32,hidden:16")
+  loss = mtf.reduce_sum(mtf.square(mtf.einsum([x, w], "batch:64,hidden:16")))
+  mtf.auto_mtf.api.choose_layout(graph, 8, [loss], objective="time",
+                                 quick_calibration=True)
+  assert measured == [8]
+  by_size = {}
+  for sizes in ([8], [4, 2], [2, 4], [2, 2, 2]):
+    constants = machine.load_or_calibrate(sizes, quick=True)
+    for i, size in enumerate(sizes):
+      for kind in KINDS:
+        link = constants.link(kind, (f"mesh_{i}",))
+        assert by_size.setdefault((kind, size), link) == link
+    if len(sizes) > 1:
+      assert constants.link("allreduce", [f"mesh_{i}" for i in range(
+          len(sizes))]) == by_size[("allreduce", 8)]
+  assert measured == [8]
