@@ -33,6 +33,10 @@ Facts of TensorFlow 2.21 this module works around:
   fail with "unknown device" or time out waiting for the other workers. So
   `simd_mesh_impl` runs on the serving tasks only, the first of which leads
   the groups, and the chief is the client.
+- Every task's server, the chief's too, listens on every network interface,
+  whatever host its address names, and runs any graph sent to it without
+  authentication; no option binds it to one address. Each task warns at
+  start-up when its socket is reachable beyond loopback (exposure.py).
 """
 
 import contextlib
@@ -50,6 +54,7 @@ from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow.cluster import errors
+from mesh_tensorflow.cluster import exposure
 from mesh_tensorflow.cluster import spec as spec_lib
 from mesh_tensorflow.cluster import watchdog as watchdog_lib
 
@@ -82,12 +87,19 @@ def server_config(num_cpus=None, leader=None):
 
 
 def start_server(cluster_spec, num_cpus=None):
-  """Starts this task's `tf.distribute.Server` (for tasks that only serve)."""
-  return tf.distribute.Server(
+  """Starts this task's `tf.distribute.Server` (for tasks that only serve).
+
+  It listens on every interface whatever the task's host (TensorFlow cannot
+  bind it to one address); a warning says so when it is reachable beyond
+  loopback (see exposure.py).
+  """
+  server = tf.distribute.Server(
       cluster_spec.as_cluster_def(), job_name=cluster_spec.job_name,
       task_index=cluster_spec.task_index,
       config=server_config(num_cpus, collective_leader(cluster_spec)),
       start=True)
+  exposure.warn_if_exposed(cluster_spec.task)
+  return server
 
 
 def serve(cluster_spec, num_cpus=None, serve_seconds=None):
@@ -206,6 +218,9 @@ class Cluster:
                       "before running any TensorFlow op.", e)
     tf.config.experimental_connect_to_cluster(
         self._spec.as_cluster_def(), job_name=own.job, task_index=own.index)
+    # The chief's server listens too, once the runtime starts.
+    context.ensure_initialized()
+    exposure.warn_if_exposed(own)
     self._connected = True
     if self._num_cpus:
       _check_cpus(len(self._devices_of(own, "CPU")), self._num_cpus)
