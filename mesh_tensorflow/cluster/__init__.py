@@ -18,6 +18,13 @@ the connected Cluster, the other tasks serve.
 names every task's devices (task by task, chief first), `serve` is what
 the other tasks run, and `Cluster.failures()` turns a dead task's
 TensorFlow error into a `ClusterError` naming it.
+
+Private networks only: every task (the chief too) runs TensorFlow's gRPC
+server, which listens on every interface whatever its address's host
+(TensorFlow 2.21 cannot bind it to one address) and runs any graph sent to
+it without authentication. Each task warns at start-up when its port is
+reachable beyond loopback (exposure.py); README.md's "Security" says how
+to close it (a firewall, a private network, SSH tunnels).
 """
 
 from mesh_tensorflow.cluster.launch import start

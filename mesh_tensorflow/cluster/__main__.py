@@ -6,6 +6,12 @@
 Without --worker_hosts the cluster comes from the TF_CONFIG environment
 variable. The task serves its devices to the chief until it is killed (or
 for --serve_seconds).
+
+The task listens on every network interface, whatever host its address
+names (TensorFlow 2.21 cannot bind its gRPC server to one address), and
+runs any graph sent to it without authentication: it warns at start-up
+when the port is reachable beyond loopback. Private networks only (see
+README.md, "Security").
 """
 
 import argparse
@@ -20,7 +26,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def _parser():
   parser = argparse.ArgumentParser(
       prog="python -m mesh_tensorflow.cluster",
-      description="Serve one task of a TensorFlow cluster.")
+      description="Serve one task of a TensorFlow cluster. Private "
+      "networks only: the task listens on every interface and runs any "
+      "graph sent to it, unauthenticated (README.md, Security).")
   parser.add_argument("--worker_hosts", default="",
                       help="comma-separated host:port of every task "
                       "(default: TF_CONFIG)")
