@@ -9,7 +9,13 @@ calibration's own wall time. With --cache it goes through
 ~/.cache/mesh_tensorflow/auto_mtf), so a second run measures nothing.
 
   python benchmarks/calibrate.py [--mesh 2,4] [--mesh_impl placement]
-      [--devices 8] [--quick] [--cache] [--refresh]
+      [--devices 8] [--quick] [--cache] [--refresh] [--compare_mesh]
+
+One calibration measures the devices for every mesh shape of them (each
+collective per group size); --compare_mesh also measures the collectives on
+the mesh itself and prints, per link, the derived figure over the measured
+one (latency and seconds per wire byte for 1 MiB slices), which checks the
+derivation on this machine.
 
 --mesh takes sizes ("2,4": dimensions mesh_0, mesh_1) or a spec
 ("b:2;m:4"). The default run (mesh 2,4, placement) takes about 30 s on
@@ -42,6 +48,8 @@ def parse_args(argv):
                  help="use (and fill) the on-disk cache")
   p.add_argument("--refresh", action="store_true",
                  help="with --cache: measure again")
+  p.add_argument("--compare_mesh", action="store_true",
+                 help="also measure the collectives on the mesh itself")
   return p.parse_args(argv)
 
 
@@ -67,6 +75,9 @@ def main(argv=None):
     constants = machine.calibrate(mesh, mesh_impl=args.mesh_impl,
                                   quick=args.quick)
   wall = time.perf_counter() - start
+  comparison = None
+  if args.compare_mesh:
+    comparison = _compare_with_the_mesh(machine, constants, mesh, args)
   bench_util.emit({
       "benchmark": "calibrate",
       "mesh": machine.mesh_spec(mesh),
@@ -75,7 +86,24 @@ def main(argv=None):
       "cached": args.cache,
       "wall_seconds": round(wall, 3),
       "constants": constants.to_dict(),
+      "derived_over_measured_on_mesh": comparison,
   })
+
+
+def _compare_with_the_mesh(machine, constants, mesh, args):
+  """{kind/dims: derived seconds of a 1 MiB-slice call over the measured
+  ones, and the mesh measurement's wall time}."""
+  start = time.perf_counter()
+  measured = machine.measure_mesh_collectives(
+      mesh, mesh_impl=args.mesh_impl, quick=args.quick)
+  ratios = {}
+  for kind, dims, link in measured:
+    derived = constants.link(kind, dims)
+    wire = 1 << 20
+    ratios[f"{kind}/{','.join(dims)}"] = round(
+        derived.seconds(wire) / max(link.seconds(wire), 1e-12), 3)
+  return {"ratios": ratios,
+          "mesh_measurement_seconds": round(time.perf_counter() - start, 3)}
 
 
 if __name__ == "__main__":

@@ -595,6 +595,28 @@ def for_mesh(device_constants, mesh_shape):
       source=f"{device_constants.source}; mesh {mesh_spec(shape)}")
 
 
+def measure_mesh_collectives(mesh_shape, devices=None, mesh_impl="placement",
+                             quick=False):
+  """The links of every collective kind over every dimension of a mesh (and
+  allreduce over all of them), measured on that mesh itself: what
+  `for_mesh` derives from group sizes, for checking the derivation
+  (benchmarks/calibrate.py --compare_mesh).
+
+  Returns:
+    (kind, mesh dimension names, LinkConstants) triples.
+  """
+  shape = mesh_shape_of(mesh_shape)
+  if devices is None:
+    devices = _default_devices(shape.size, mesh_impl)
+  axes = [i for i, d in enumerate(shape.dims) if d.size > 1]
+  cases = [(kind, (a,)) for a in axes for kind in COLLECTIVE_KINDS]
+  if len(axes) > 1:
+    cases.append(("allreduce", tuple(axes)))
+  with tf.init_scope():
+    impl = _make_mesh_impl(shape, devices, mesh_impl)
+    return _calibrate_collectives(impl, _QUICK if quick else _FULL, cases)
+
+
 def _default_devices(num, mesh_impl):
   del mesh_impl  # Both implementations pick the same devices.
   return placement_mesh_impl.default_devices(num)
