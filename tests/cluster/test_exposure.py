@@ -63,16 +63,18 @@ def test_finds_this_process_loopback_listener():
 
 
 def _read_until_serving(process, deadline):
-  """The serving task's stdout up to its "Serving" line."""
-  text = ""
-  while "Serving" not in text:
+  """The serving task's stdout up to its "Serving" line (read unbuffered,
+  so that no line waits in a buffer), or None if it ended or timed out."""
+  text = b""
+  fd = process.stdout.fileno()
+  while b"Serving" not in text:
     left = deadline - time.monotonic()
-    ready, _, _ = select.select([process.stdout], [], [], max(0.0, left))
-    line = process.stdout.readline() if ready else ""
-    if not line:
+    ready, _, _ = select.select([fd], [], [], max(0.0, left))
+    chunk = os.read(fd, 4096) if ready else b""
+    if not chunk:
       return None
-    text += line
-  return text
+    text += chunk
+  return text.decode()
 
 
 def test_serving_task_warns_iff_reachable_beyond_loopback():
@@ -87,8 +89,7 @@ def test_serving_task_warns_iff_reachable_beyond_loopback():
              TF_CPP_MIN_LOG_LEVEL="3")
   with tempfile.TemporaryFile("w+") as err:
     process = subprocess.Popen(command, cwd=cluster_testing.REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=err,
-                               text=True)
+                               stdout=subprocess.PIPE, stderr=err)
     try:
       served = _read_until_serving(
           process, time.monotonic() + _STARTUP_SECONDS)
@@ -96,6 +97,7 @@ def test_serving_task_warns_iff_reachable_beyond_loopback():
     finally:
       process.kill()
       process.wait(timeout=30)
+      process.stdout.close()
     err.seek(0)
     stderr = err.read()
   assert served, f"the task never said it was serving:\n{stderr[-3000:]}"
