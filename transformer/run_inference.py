@@ -40,14 +40,18 @@ def get_inputs_from_file(input_filename, ignore_comments=False):
 
 
 def write_lines_to_file(lines, filename):
-  """Writes one line per item, replacing the file atomically."""
+  """Writes one line per item, replacing the file atomically.
+
+  As the original's: a newline inside an item is written as a space, so
+  the file keeps one line per item (a decode, a score's text).
+  """
   directory = os.path.dirname(filename)
   if directory:
     tf.io.gfile.makedirs(directory)
   temp = f"{filename}.tmp-{os.getpid()}"
   with tf.io.gfile.GFile(temp, "w") as f:
     for line in lines:
-      f.write(f"{line}\n")
+      f.write(str(line).replace("\n", " ") + "\n")
   tf.io.gfile.rename(temp, filename, overwrite=True)
 
 
@@ -366,16 +370,18 @@ def export_model(estimator, export_dir, vocabulary, sequence_length,
 
   Its "serving_default" signature takes "inputs", a string vector of at
   most batch_size texts, and returns "outputs" (the decoded strings; or,
-  when eval_with_score, "scores" of the (inputs, "targets") pairs). Text is
-  encoded and decoded in the graph, so the vocabulary must support
-  encode_tf/decode_tf.
+  when eval_with_score, "scores" of the (inputs, "targets") pairs). As
+  the original's, an "lm" scoring export takes "targets" alone (the whole
+  text to score). Text is encoded and decoded in the graph, so the
+  vocabulary must support encode_tf/decode_tf.
 
   Args:
     estimator: an Estimator of utils.get_estimator.
     export_dir: the directory in which a timestamped export is made.
     vocabulary: a Vocabulary or an (inputs, targets) pair.
     sequence_length: a dict feature -> length.
-    model_type: "lm" prompts are not EOS-terminated.
+    model_type: "lm" prompts are not EOS-terminated, and an "lm" scores
+      "targets" alone.
     eval_with_score: export scoring instead of decoding.
     batch_size: the model's batch (requests are padded to it).
     checkpoint_path: default the latest checkpoint.
@@ -399,28 +405,32 @@ def export_model(estimator, export_dir, vocabulary, sequence_length,
     return tf.pad(dense, [[0, batch_size - tf.shape(dense)[0]],
                           [0, length - tf.shape(dense)[1]]])
 
+  # The texts that count the request's examples.
+  first = "targets" if model_type == "lm" and eval_with_score else "inputs"
+
   def features_from(tensors):
-    texts = tensors["inputs"]
     check = tf.debugging.assert_less_equal(
-        tf.size(texts), batch_size,
+        tf.size(tensors[first]), batch_size,
         message=f"A request of this export holds at most batch_size="
-                f"{batch_size} inputs.")
+                f"{batch_size} {first}.")
     with tf.control_dependencies([check]):
-      texts = tf.identity(texts)
-    features = {"inputs": encode(texts, inputs_vocab,
-                                 sequence_length["inputs"],
-                                 model_type != "lm")}
-    if eval_with_score:
+      tensors = {k: tf.identity(v) for k, v in tensors.items()}
+    features = {}
+    if "inputs" in tensors:
+      features["inputs"] = encode(tensors["inputs"], inputs_vocab,
+                                  sequence_length["inputs"],
+                                  model_type != "lm")
+    if "targets" in tensors:
       features["targets"] = encode(tensors["targets"], targets_vocab,
                                    sequence_length["targets"], True)
     return features
 
-  specs = {"inputs": tf.TensorSpec([None], tf.string)}
+  specs = {first: tf.TensorSpec([None], tf.string)}
   if eval_with_score:
     specs["targets"] = tf.TensorSpec([None], tf.string)
 
   def drop_padding(predictions, tensors):
-    n = tf.size(tensors["inputs"])
+    n = tf.size(tensors[first])
     return {k: v[:n] for k, v in predictions.items()}
 
   def serving_input_fn():

@@ -109,8 +109,8 @@ def _check_features(mtf_features, mode, model_type):
     require("inputs", True)
   elif mode == SCORE:
     # The targets are scored; a language model's hold the whole sequence
-    # (an "lm" reads no inputs, a "delimited_lm" has them delimited in its
-    # targets), an encoder-decoder's are scored given the inputs.
+    # or follow their inputs in it (see _score_spec), an encoder-decoder's
+    # are scored given the inputs.
     require("targets", True)
     if model_type not in ("lm", "delimited_lm"):
       require("inputs", True)
@@ -465,7 +465,18 @@ def _predict_spec(model, mtf_features, predict_fn, variable_dtype,
 
 def _score_spec(model, model_type, mtf_features, predict_fn, variable_dtype,
                 lower):
-  """Scoring: the log-likelihood of each example's targets, plus the ids."""
+  """Scoring: the log-likelihood of each example's targets, plus the ids.
+
+  As the original: a language model given inputs scores them joined in
+  front of their targets (_dynamic_text2self); a "delimited_lm" scores
+  only the targets' part, an "lm" the whole sequence (inputs included).
+  """
+  given_targets = mtf_features["targets"]
+  if model_type in ("lm", "delimited_lm") and "inputs" in mtf_features:
+    if model_type == "lm":
+      logging.warning("Scoring of lm models will include loss from the "
+                      "'inputs'.")
+    mtf_features = _dynamic_text2self(mtf_features)
   # Negative ids mark an unscored prefix (encode_inputs' unscored_prefix).
   scored = mtf.cast(mtf.greater(mtf_features["targets"], 0), tf.float32)
   targets = mtf.abs(mtf_features["targets"])
@@ -490,10 +501,11 @@ def _score_spec(model, model_type, mtf_features, predict_fn, variable_dtype,
       cross_entropy *= mtf.cast(mtf.logical_not(
           transformer.delimited_lm_inputs_mask(targets)), tf.float32)
     scores = -mtf.reduce_sum(cross_entropy, reduced_dim=length_dim)
-  # As the original: the scores and the scored targets' ids (everything
-  # after their first EOS padding), not the inputs, so save_scores returns
-  # (scores, targets).
-  exported = {"scores": scores, "targets": targets}
+  # The scores and the example's targets ids (everything after their
+  # first EOS padding), not the inputs, so save_scores returns (scores,
+  # targets) as the original's. (The original gave a joined example's
+  # ids, whose text ends at the inputs' EOS.)
+  exported = {"scores": scores, "targets": mtf.abs(given_targets)}
   exported = {k: mtf.anonymize(v) for k, v in exported.items()}
   lowering = lower()
   predictions = {k: lowering.export_to_tf_tensor(v)

@@ -54,11 +54,6 @@ def _sequence_length(ids, pad_id=0):
   return int(pads[0]) if pads.size else len(ids)
 
 
-def _one_per_line(lines):
-  # One example per line: a newline inside a text would break that.
-  return [line.replace("\n", "\\n") for line in lines]
-
-
 @gin.configurable(module=_GIN_MODULE)
 def save_scores(results, vocabulary, scores_filename=None,
                 save_example_text=True):
@@ -95,8 +90,7 @@ def save_scores(results, vocabulary, scores_filename=None,
   targets = _example_texts(results, "targets",
                            run_settings.targets_vocabulary(vocabulary))
   if scores_filename is not None:
-    run_inference.write_lines_to_file(_one_per_line(targets),
-                                      f"{scores_filename}.targets")
+    run_inference.write_lines_to_file(targets, f"{scores_filename}.targets")
     run_inference.write_lines_to_file(
         [_sequence_length(r["targets"]) for r in results],
         f"{scores_filename}.lengths")
@@ -105,8 +99,7 @@ def save_scores(results, vocabulary, scores_filename=None,
   inputs = _example_texts(results, "inputs",
                           run_settings.inputs_vocabulary(vocabulary))
   if scores_filename is not None:
-    run_inference.write_lines_to_file(_one_per_line(inputs),
-                                      f"{scores_filename}.inputs")
+    run_inference.write_lines_to_file(inputs, f"{scores_filename}.inputs")
   return scores, inputs, targets
 
 
@@ -199,11 +192,7 @@ def score_from_strings(estimator, vocabulary, model_type, batch_size,
   has_inputs = inputs is not None
   if has_inputs:
     inputs, targets = _match_lengths(inputs, targets)
-  if model_type == "delimited_lm":
-    features = {"targets": run_inference.encode_delimited_lm(
-        inputs, targets, vocabulary, batch_size, sequence_length["targets"],
-        eos_id=eos_id, include_final_eos=score_eos)}
-  elif model_type == "lm":
+  if model_type == "lm":
     # As the original: a language model scores each target after its input,
     # which is an unscored prefix of the same sequence.
     features = {"targets": run_inference.encode_inputs(
@@ -212,6 +201,8 @@ def score_from_strings(estimator, vocabulary, model_type, batch_size,
         eos_id=eos_id if score_eos else 0,
         unscored_prefix=inputs if has_inputs else None)}
   else:
+    # A "delimited_lm" too, as the original: the model joins each input
+    # and its target into one sequence and scores the target's part.
     features = {"targets": run_inference.encode_inputs(
         targets, run_settings.targets_vocabulary(vocabulary), model_type,
         batch_size, sequence_length["targets"],

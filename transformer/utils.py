@@ -336,7 +336,8 @@ def _write_operative_config(model_dir):
   """Writes operative_config.gin into model_dir (atomically)."""
   tf.io.gfile.makedirs(model_dir)
   path = os.path.join(model_dir, "operative_config.gin")
-  write_lines_to_file([gin.operative_config_str()], path)
+  # Line by line: write_lines_to_file writes an item's newlines as spaces.
+  write_lines_to_file(gin.operative_config_str().splitlines(), path)
   logging.info("Wrote the operative gin config to %s", path)
 
 
