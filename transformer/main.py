@@ -22,20 +22,17 @@ devices of all tasks, the others serve theirs (see mesh_tensorflow.cluster).
 """
 
 import contextlib
-import importlib
 import os
 import shlex
 import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 import gin
-import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import cluster as cluster_lib
-from mesh_tensorflow import errors as mtf_errors
+from mesh_tensorflow.transformer import config_errors
 from mesh_tensorflow.transformer import progress
 from mesh_tensorflow.transformer import run_devices
 from mesh_tensorflow.transformer import utils
@@ -66,9 +63,6 @@ flags.DEFINE_integer("task_index", 0, "This task's index in --worker_hosts: "
 flags.DEFINE_boolean("progress", True, "Show a progress line while "
                      "training.")
 FLAGS = flags.FLAGS
-
-# Exceptions that mean bad input, reported without a traceback.
-_INPUT_ERRORS = (ValueError, TypeError, KeyError, OSError, LookupError)
 
 
 def _command_file(model_dir):
@@ -153,16 +147,14 @@ def _start_cluster():
 
 def error_message(exc):
   """One paragraph saying what went wrong, without TF/gin call stacks."""
-  return mtf_errors.one_paragraph(exc, context_prefixes=(
-      "In call to configurable", "In file", "In bindings string"))
+  return config_errors.describe(exc, (cluster_lib.ClusterError,))
 
 
 def main(_):
   """Parses gin and runs utils.run (the argument: absl's leftover argv)."""
   if len(_) > 1:
     raise app.UsageError(f"Unexpected arguments: {_[1:]}")
-  for module in FLAGS.module_import or ():
-    importlib.import_module(module)
+  config_errors.import_modules(FLAGS.module_import, "module_import")
   if not _is_serving_task():
     _write_command(FLAGS.model_dir)
   utils.parse_gin_defaults_and_flags()
@@ -182,19 +174,10 @@ def main(_):
 
 
 def main_with_errors(argv):
-  """main, with bad input reported as one paragraph and exit status 1."""
-  try:
-    main(argv)
-  except app.UsageError:
-    raise
-  except Exception as exc:  # pylint: disable=broad-except
-    if not isinstance(exc, _INPUT_ERRORS + (tf.errors.OpError,
-                                            cluster_lib.ClusterError)):
-      raise
-    if FLAGS.show_traceback:
-      logging.exception("Failed:")
-    sys.stderr.write(f"\nerror: {error_message(exc)}\n")
-    sys.exit(1)
+  """main, with a configuration mistake reported as one paragraph and exit
+  status 1 (config_errors); a bug keeps its traceback. Returns None: what
+  utils.run returns is no exit status."""
+  config_errors.run_main(main, argv, (cluster_lib.ClusterError,))
 
 
 def console_entry_point():

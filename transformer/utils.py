@@ -532,6 +532,10 @@ def run(tpu_job_name,
                      f"{', '.join(MODES)}")
   if model_dir is None:
     raise ValueError("utils.run needs a model_dir (--model_dir).")
+  if vocabulary is None:
+    raise ValueError("utils.run needs a vocabulary: add `utils.run."
+                     "vocabulary = @vocabulary.ByteVocabulary()` (or another "
+                     "vocabulary) to a gin file or a --gin_param.")
   if isinstance(sequence_length, int):
     sequence_length = {"inputs": sequence_length, "targets": sequence_length}
   if tpu:

@@ -11,17 +11,14 @@ On CPU/GPU the mesh runs on the placement implementation (or SIMD with
 starts) or GPU; with --use_tpu on the TPU cores of --tpu_name.
 """
 
-import sys
-
 from absl import app
 from absl import flags
-from absl import logging
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import errors as mtf_errors
 from mesh_tensorflow import estimator
 from mesh_tensorflow.bert import google_checkpoint
+from mesh_tensorflow.transformer import config_errors
 from mesh_tensorflow.transformer import run_devices
 
 FLAGS = flags.FLAGS
@@ -33,11 +30,6 @@ DEFAULT_LAYOUT = ("batch:batch,vocab:model,intermediate:model,"
 # slots (the original's get_assignment_map_from_checkpoint skipped names
 # with "global_step", "adam_" or "slot_").
 WARM_START_FILTER = r"^(?!global_step$)(?!.*(?:adam_|slot_))"
-
-# Errors that mean bad input (flags, files, configs), reported as one
-# paragraph with exit status 1.
-INPUT_ERRORS = (ValueError, TypeError, KeyError, OSError, LookupError,
-                tf.errors.OpError)
 
 
 def define(kind, name, default, help_text, **kwargs):
@@ -168,17 +160,11 @@ def make_estimator(model_fn, output_dir, train_batch_size=None,
 
 
 def run(main):
-  """app.run(main), bad input reported as one paragraph and exit status 1."""
+  """app.run(main), a mistake in the flags or files reported as one
+  paragraph naming the flag, with exit status 1 (config_errors); a bug
+  keeps its traceback."""
 
   def main_with_errors(argv):
-    try:
-      return main(argv)
-    except app.UsageError:
-      raise
-    except INPUT_ERRORS as exc:
-      if "show_traceback" in FLAGS and FLAGS.show_traceback:
-        logging.exception("Failed:")
-      sys.stderr.write(f"\nerror: {mtf_errors.one_paragraph(exc)}\n")
-      sys.exit(1)
+    return config_errors.run_main(main, argv)
 
   app.run(main_with_errors)
