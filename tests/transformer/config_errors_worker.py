@@ -13,7 +13,9 @@ forked from it, two at a time. The child imports the binary's module (which
 defines that binary's flags, with its own defaults) and calls what
 `python -m <module>` calls, with the case's argv; its stdout and stderr go
 to one file. An exception escaping the entry point is printed as Python
-prints it, exit status 1.
+prints it, exit status 1. This process starts no TensorFlow runtime (no
+devices, no eager context) before it forks: a child that needs one starts
+its own.
 """
 
 import importlib
