@@ -45,15 +45,22 @@ reduce_scatter_ring = placement_collectives.reduce_scatter_ring
 _ALGORITHMS = ("auto", "gather", "nccl", "ring")
 
 
+def local_devices():
+  """This process's devices for a mesh: all GPUs if there are any, else all
+  logical CPUs."""
+  devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+  return devices or [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
 def default_devices(num_processors):
   """Distinct local devices for `num_processors` processors.
 
-  All GPUs if there are any, else all logical CPUs; when there are fewer
-  devices than processors they are used round-robin, with a warning.
+  The first of `local_devices()`; when there are fewer devices than
+  processors they are used round-robin, with a warning (the collectives
+  here are plain ops between devices, which processors sharing a device
+  cannot deadlock; SimdMeshImpl's refuse such a mesh instead).
   """
-  devices = [d.name for d in tf.config.list_logical_devices("GPU")]
-  if not devices:
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  devices = local_devices()
   if len(devices) < num_processors:
     logging.warning(
         "Mesh has %d processors but only %d devices (%s); several processors "

@@ -67,19 +67,23 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   Args:
     shape: the mesh shape, e.g. "b:2;m:4".
     layout: layout rules, e.g. "batch:b;hidden:m".
-    devices: one device per physical processor, in physical (replica)
-      order (default: the strategy's TPU cores, else the devices of
-      `device_assignment`, else distinct local devices as for
-      PlacementMeshImpl). Logical processor p runs on
-      devices[logical_to_physical[p]].
+    devices: one distinct device per physical processor, in physical
+      (replica) order (default: the strategy's TPU cores, else the devices
+      of `device_assignment`, else the first local devices: GPUs, else
+      logical CPUs). Logical processor p runs on
+      devices[logical_to_physical[p]]. Unlike PlacementMeshImpl, processors
+      never share a device: a collective waits for every processor of its
+      group, and two on one device would wait for each other forever, so a
+      mesh larger than the devices is an error.
     device_assignment: a tf.tpu.experimental.DeviceAssignment (TPU).
     logical_to_physical: a permutation of processor numbers (default:
       identity).
     allreduce_in_bfloat16_max_group_size: TPU: bfloat16 sums over larger
       groups are done in float32.
     collectives: "host" or "tpu".
-    collective_timeout_seconds: host back end: raise if a collective's
-      group does not assemble in this time (default: wait forever).
+    collective_timeout_seconds: host back end: a collective whose group
+      does not complete it in this time fails (with a DeadlineExceededError
+      naming the mesh; default simd_collectives.DEFAULT_TIMEOUT_SECONDS).
     strategy: a tf.distribute.TPUStrategy with one replica per processor;
       `run` then runs the program through it (collectives "tpu" only).
   """
@@ -106,13 +110,11 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     self._physical_to_logical = [0] * self.size
     for logical, physical in enumerate(logical_to_physical):
       self._physical_to_logical[physical] = logical
+    _check_replicas(self.shape, strategy)
     if devices is None:
-      devices = _default_devices(self.size, strategy, device_assignment)
+      devices = _default_devices(self.shape, strategy, device_assignment)
     devices = list(devices)
-    if len(devices) != self.size:
-      raise errors.LayoutError(
-          f"SimdMeshImpl for mesh {self.shape.to_string} needs {self.size} "
-          f"devices (one per processor), got {len(devices)}: {devices}.")
+    _check_devices(self.shape, devices)
     self._physical_devices = devices
     self._devices = [devices[p] for p in logical_to_physical]
     self._device_assignment = device_assignment
@@ -122,10 +124,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     self._per_device_captures = {}
     self._replicated = {}  # id(slice list) -> ReplicatedVariable (TPU)
     self._last_program = None  # (fn, signature, concrete, eager dispatcher)
+    self._timeout = None
     if collectives == "host":
       self._collectives = simd_collectives.HostCollectives(
           self._devices, self._current_pnum, self._current_token,
           timeout_seconds=collective_timeout_seconds)
+      self._timeout = self._collectives.timeout_seconds
       self._token_variables()
     else:
       self._collectives = tpu_collectives.TpuCollectives(
@@ -236,8 +240,33 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           experimental_attributes={"_noinline": True})
       cached = self._last_program = (fn, signature, concrete, dispatcher)
     _, _, _, dispatcher = cached
-    with _without_graph_optimizer():
+    with _without_graph_optimizer(), self.collective_errors():
       return dispatcher(*args)
+
+  @contextlib.contextmanager
+  def collective_errors(self):
+    """Re-raises a host collective's timeout, inside, as a
+    DeadlineExceededError naming this mesh, its devices and the limit.
+
+    `run` called eagerly does this itself; a caller running `run` inside
+    its own tf.function wraps the function's calls in this (the estimator
+    does).
+    """
+    try:
+      yield
+    except tf.errors.OpError as e:
+      if self._timeout is None or not simd_collectives.is_timeout(e):
+        raise
+      raise tf.errors.DeadlineExceededError(
+          None, None,
+          f"{_mesh_name(self.shape)} on {self._devices}: a collective did "
+          f"not complete within {self._timeout:g} s "
+          "(collective_timeout_seconds): a processor never reached it (a "
+          "task of the cluster that froze or died, or a program whose "
+          "processors took different branches). TensorFlow's collectives "
+          "stay aborted in this process: restart it (training resumes from "
+          "the last checkpoint). If a step legitimately takes longer, raise "
+          "collective_timeout_seconds.") from e
 
   def trace_program(self, fn, *signature):
     """The concrete function of fn's program, taking (pnum, *args).
@@ -509,22 +538,79 @@ def _without_graph_optimizer():
     ctx.function_call_options = previous
 
 
-def _default_devices(size, strategy, device_assignment):
-  """Physical processors' devices: TPU cores in replica order, or local
-  devices."""
+def _mesh_name(mesh_shape):
+  """"SimdMeshImpl for mesh b:2;m:4 (8 processors)", as the mesh is
+  written."""
+  spelled = ";".join(f"{d.name}:{d.size}" for d in mesh_shape.dims)
+  return f"SimdMeshImpl for mesh {spelled} ({mesh_shape.size} processors)"
+
+
+def _default_devices(mesh_shape, strategy, device_assignment):
+  """Physical processors' devices: TPU cores in replica order, or the first
+  local devices (an error if there are too few)."""
+  size = mesh_shape.size
   if strategy is not None:
     devices = list(strategy.extended.worker_devices)
   elif device_assignment is not None:
     devices = [device_assignment.tpu_device(replica=r)
                for r in range(device_assignment.num_replicas)]
   else:
-    return placement_mesh_impl.default_devices(size)
+    devices = placement_mesh_impl.local_devices()
+    if len(devices) < size:
+      raise errors.LayoutError(
+          f"{_mesh_name(mesh_shape)} needs {size} distinct devices, one per "
+          f"processor, but found {len(devices)}: {devices}. Its collectives "
+          "wait for every processor of a group, so processors cannot share "
+          f"a device. Use a mesh of at most {len(devices)} processors, "
+          f"split the CPU into {size} logical devices before TensorFlow "
+          "starts (tf.config.set_logical_device_configuration), pass "
+          "devices=, or use PlacementMeshImpl, which lets processors share "
+          "a device.")
+    return devices[:size]
   if len(devices) != size:
     raise errors.LayoutError(
         f"SimdMeshImpl: the mesh has {size} processors but the TPU "
         f"replicas are {len(devices)}: use one replica per core "
         "(num_cores_per_replica=1).")
   return devices
+
+
+def _check_replicas(mesh_shape, strategy):
+  """A strategy runs the program once per replica: one per processor."""
+  replicas = getattr(strategy, "num_replicas_in_sync", None)
+  if replicas is not None and replicas != mesh_shape.size:
+    raise errors.LayoutError(
+        f"{_mesh_name(mesh_shape)} runs one replica per processor, but the "
+        f"strategy has {replicas} replicas (local devices "
+        f"{list(strategy.extended.worker_devices)}): use a mesh of "
+        f"{replicas} processors, or a strategy with {mesh_shape.size} "
+        "replicas.")
+
+
+def _device_key(device):
+  """A device name's (job, replica, task, type, index), local defaults
+  filled in, so that "/cpu:0" and "/job:localhost/.../device:CPU:0" match."""
+  spec = tf.DeviceSpec.from_string(device)
+  return (spec.job or "localhost", spec.replica or 0, spec.task or 0,
+          (spec.device_type or "").upper(), spec.device_index or 0)
+
+
+def _check_devices(mesh_shape, devices):
+  """One distinct device per processor: processors sharing a device would
+  wait for each other in every collective, forever."""
+  if len(devices) != mesh_shape.size:
+    raise errors.LayoutError(
+        f"{_mesh_name(mesh_shape)} needs {mesh_shape.size} devices, one per "
+        f"processor, got {len(devices)}: {devices}.")
+  first = {}
+  for pnum, device in enumerate(devices):
+    other = first.setdefault(_device_key(device), pnum)
+    if other != pnum:
+      raise errors.LayoutError(
+          f"{_mesh_name(mesh_shape)} needs a distinct device per processor "
+          f"(its collectives wait for every processor of a group), but "
+          f"processors {other} and {pnum} are both on {device}: {devices}. "
+          "Use PlacementMeshImpl to let processors share a device.")
 
 
 def make_simd_mesh_impl(shape, layout, strategy=None, **kwargs):

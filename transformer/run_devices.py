@@ -38,12 +38,13 @@ def ensure_local_devices(num_processors, mesh_devices=None):
     logging.info("Split the CPU into %d logical devices for the mesh.",
                  num_processors)
   except RuntimeError:
-    have = len(tf.config.list_logical_devices("CPU"))
-    if have >= num_processors:
+    have = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(have) >= num_processors:
       return
     raise ValueError(
         f"The mesh has {num_processors} processors but TensorFlow already "
-        f"started with {have} CPU device(s) and cannot add more. Start the "
+        f"started with {len(have)} CPU device(s) ({', '.join(have)}) and "
+        "cannot add more. Start the "
         "program with the mesh's processor count of logical CPUs (the binary "
         "does this before TensorFlow starts), or give utils.run.mesh_devices."
         ) from None

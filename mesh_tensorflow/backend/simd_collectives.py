@@ -18,7 +18,17 @@ TF's (devices given in another order, a logical-to-physical permutation).
 So the first all-gather or all-to-all of a program over a grouping asks
 each member's rank once (a gather of one int per member) and blocks are
 reordered to the listed order.
+
+Timeouts. A V2 collective waits until every member of its group has
+called it. A member that never does (a frozen or dead task of a cluster, a
+processor that took another branch) would leave the others waiting
+forever, so every collective here has a timeout (DEFAULT_TIMEOUT_SECONDS
+unless the mesh implementation is given another). When it fires TF raises
+DeadlineExceededError and aborts every collective of the process; later
+ones fail at once with the same cause. `is_timeout` recognises both.
 """
+
+import math
 
 import itertools
 import threading
@@ -32,6 +42,15 @@ _KEY_LOCK = threading.Lock()
 _NEXT_GROUP_KEY = itertools.count(1000)
 _NEXT_INSTANCE_KEY = itertools.count(1)
 _GROUP_BASE_KEYS = {}
+
+# Seconds a collective may wait for its group: long enough for any step's
+# work between two collectives, short enough that a lost member is
+# reported the same hour.
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+_TIMEOUT_MESSAGES = ("Collective has timed out",
+                     "timed out waiting for other workers",
+                     "Collective ops is aborted by")
 
 _MERGE_OPS = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
 _LOCAL_REDUCTIONS = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max,
@@ -64,6 +83,31 @@ def _instance_key():
     return next(_NEXT_INSTANCE_KEY)
 
 
+def check_timeout(timeout_seconds, what="collective_timeout_seconds"):
+  """`timeout_seconds` as a float (None: the default); raises ValueError
+  unless it is positive and finite (no collective waits without bound)."""
+  if timeout_seconds is None:
+    return DEFAULT_TIMEOUT_SECONDS
+  try:
+    value = float(timeout_seconds)
+  except (TypeError, ValueError):
+    value = math.nan
+  if not 0 < value < math.inf:
+    raise ValueError(
+        f"{what}={timeout_seconds!r}: expected a positive, finite number of "
+        f"seconds (default {DEFAULT_TIMEOUT_SECONDS:g}); a collective "
+        "never waits without bound.")
+  return value
+
+
+def is_timeout(error):
+  """Whether tf.errors.OpError `error` is a host collective's timeout (or
+  a collective failing because an earlier one timed out)."""
+  message = getattr(error, "message", "") or ""
+  return isinstance(error, tf.errors.OpError) and any(
+      m in message for m in _TIMEOUT_MESSAGES)
+
+
 class HostCollectives:
   """Collectives among the devices of one host (or of a TF cluster).
 
@@ -72,19 +116,24 @@ class HostCollectives:
     pnum_fn: returns the processor-number tensor of the program being
       traced.
     token_fn: returns this program's ordering token (a resource handle).
-    timeout_seconds: fail a collective whose group does not assemble in
-      this time (None: wait forever).
+    timeout_seconds: fail a collective whose group does not complete it in
+      this time (None: DEFAULT_TIMEOUT_SECONDS).
   """
 
   name = "host"
 
   def __init__(self, devices, pnum_fn, token_fn, timeout_seconds=None):
-    self._timeout = timeout_seconds or 0
+    self._timeout = check_timeout(timeout_seconds)
     self._devices = list(devices)
     self._pnum_fn = pnum_fn
     self._token_fn = token_fn
     # Graph -> {grouping: rank order tensor} (see _rank_order).
     self._rank_orders = weakref.WeakKeyDictionary()
+
+  @property
+  def timeout_seconds(self):
+    """How long a collective waits for its group before it fails."""
+    return self._timeout
 
   def _instance_key(self):
     """A new instance key for the next collective of the program."""

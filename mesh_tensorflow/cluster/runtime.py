@@ -148,10 +148,16 @@ def _check_cpus(have, num_cpus):
 def wait_for_tasks(tasks, timeout):
   """Opens a TCP connection to each task's address, retrying until
   `timeout` seconds have passed; raises ClusterError naming the first
-  address that never answered."""
-  deadline = time.monotonic() + timeout
+  address that never answered.
+
+  A task that does not answer at once is announced (absl INFO) with the
+  limit of the wait, as the estimator's wait for checkpoints is.
+  """
+  started = time.monotonic()
+  deadline = started + timeout
   for task in tasks:
     host, port = spec_lib.split_address(task.address)
+    announced = False
     while True:
       left = deadline - time.monotonic()
       try:
@@ -159,6 +165,15 @@ def wait_for_tasks(tasks, timeout):
                                       timeout=max(0.1, min(left, 2.0))):
           break
       except OSError as e:
+        if not announced:
+          announced = True
+          logging.info(
+              "Task %s at %s does not answer yet (%s). Waiting for it, "
+              "%.0f s so far, stopping after %g s (startup_timeout). Start "
+              "it there with `python -m mesh_tensorflow.cluster "
+              "--worker_hosts=... --task_index=%d`.", task.name,
+              task.address, e, time.monotonic() - started, timeout,
+              task.index)
         if time.monotonic() >= deadline:
           raise ClusterError(
               f"Cannot reach task {task.name} at {task.address} (waited "
@@ -295,8 +310,8 @@ class Cluster:
     The chief's devices are left out (see the module docstring): a cluster
     of a chief and two serving tasks runs the SPMD program on the devices
     of the two. `kwargs` go to SimdMeshImpl (e.g.
-    collective_timeout_seconds, so that a dead task fails a collective
-    instead of leaving it waiting).
+    collective_timeout_seconds: how long a collective waits for a task
+    that froze or died before it fails).
     """
     size = shape_lib.convert_to_shape(shape).size
     return simd_mesh_impl.SimdMeshImpl(

@@ -397,7 +397,8 @@ class Estimator:
     dataset = self._eval_dataset(input_fn, steps)
     accumulator = None
     for element in dataset:
-      outputs = eval_step(*inputs.split_element(element))
+      with mesh_impls.collective_errors(mesh_impl):
+        outputs = eval_step(*inputs.split_element(element))
       checkpointer.after_first_trace()
       if accumulator is None:
         accumulator = metrics_lib.Accumulator(reductions)
@@ -476,7 +477,8 @@ class Estimator:
         input_fn, self._input_params(ModeKeys.PREDICT))
     for element in dataset:
       features, _ = inputs.split_element(element)
-      batch = {k: v.numpy() for k, v in predict_step(features).items()}
+      with mesh_impls.collective_errors(mesh_impl):
+        batch = {k: v.numpy() for k, v in predict_step(features).items()}
       checkpointer.after_first_trace()
       yield batch
 
@@ -578,7 +580,8 @@ class _EagerTraining:
 
   def loop(self, n):
     """Runs n steps; returns the last loss."""
-    return float(self._loop(self._iterator, tf.constant(n, tf.int32)))
+    with mesh_impls.collective_errors(self._mesh_impl):
+      return float(self._loop(self._iterator, tf.constant(n, tf.int32)))
 
   def write_scalar(self, name, value, step):
     with self._writer.as_default(step=step):

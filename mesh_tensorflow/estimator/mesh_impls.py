@@ -42,6 +42,14 @@ def make_mesh_impl(config, tpu=None):
       config.mesh_shape, config.layout, devices=config.devices)
 
 
+def collective_errors(mesh_impl):
+  """A context in which a SimdMeshImpl's collective timeout, raised by a
+  step function calling `mesh_impl.run`, names the mesh and the limit
+  (see SimdMeshImpl.collective_errors); nothing for other meshes."""
+  explain = getattr(mesh_impl, "collective_errors", None)
+  return explain() if explain is not None else contextlib.nullcontext()
+
+
 def make_serving_mesh_impl(device="/device:CPU:0"):
   """A one-processor mesh on `device`, for exported models."""
   return placement_mesh_impl.PlacementMeshImpl("all:1", "", devices=[device])

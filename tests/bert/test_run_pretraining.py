@@ -206,6 +206,10 @@ def _run_binary(monkeypatch, capsys, args):
      r"max_position_embeddings \(64\)"),
     (["--mode=train", "--do_eval"], r"--mode=train contradicts"),
     (["--mesh_shape=batch:x"], r"--mesh_shape='batch:x'"),
+    # TensorFlow runs with this process's 8 logical CPUs: the binary stops
+    # before any SIMD collective could wait for a 9th.
+    (["--mesh_impl=simd", "--mesh_shape=x:4;y:4"],
+     r"16 processors .* 8 CPU device\(s\) \(.*CPU:0, .*CPU:7\)"),
 ])
 def test_bad_flags_give_one_paragraph_naming_the_flag(
     monkeypatch, capsys, tmp_path, args, message):

@@ -222,6 +222,9 @@ def test_export_and_serve_one_request(trained, decoded, tmp_path):
     (("utils.run.mesh_shape = 'batch:3'",
       "utils.run.layout_rules = 'batch:batch'"), GIN_FILES,
      r"batch.*3"),
+    # This process has 8 logical CPUs: a 16-processor mesh stops at once.
+    (("utils.run.mesh_shape = 'x:4;y:4'",), GIN_FILES,
+     r"16 processors .* 8 CPU device\(s\) \(.*CPU:0, .*CPU:7\)"),
 ])
 def test_bad_input_gives_one_paragraph_and_exit_1(tmp_path, capsys, params,
                                                    files, message):
