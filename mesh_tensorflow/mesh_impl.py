@@ -793,7 +793,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
       else:
         begin = tf.one_hot(split_axis, len(size), dtype=tf.int32) * (
             tf.cast(which, tf.int32) * piece)
-      return tf.slice(x, begin, size)
+      return slice_utils.tf_slice(x, begin, size)
 
     return self.slicewise(my_piece, x, which)
 
@@ -896,7 +896,7 @@ class MeshImpl(tf.__internal__.tracking.Trackable):
       if begin not in by_begin:
         by_begin[begin] = (
             tf_tensor if slice_shape == tensor_shape.to_integer_list else
-            tf.slice(tf_tensor, list(begin), slice_shape))
+            slice_utils.tf_slice(tf_tensor, list(begin), slice_shape))
       result.append(by_begin[begin])
     return result
 

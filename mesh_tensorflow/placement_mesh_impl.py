@@ -29,6 +29,7 @@ from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import placement_collectives
 from mesh_tensorflow.backend import placement_variables
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.randomness import stateless_uniform
 
 LaidOutTensor = mesh_impl_lib.LaidOutTensor
@@ -421,7 +422,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       begin = self.slice_begin(shape, pnum)
       with tf.device(device):
         out.append(sample(begin) if whole is None else
-                   tf.slice(whole, begin, slice_shape))
+                   slice_utils.tf_slice(whole, begin, slice_shape))
     return LaidOutTensor(out)
 
   # ---------------------------------------------------------- variables

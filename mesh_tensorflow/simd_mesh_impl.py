@@ -464,7 +464,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     tf_tensor = padding.pad_full(tf_tensor, self.padded_axes(tensor_shape))
     begin = tf.stack([tf.cast(b, tf.int32)
                       for b in self._slice_begin_tensor(tensor_shape)])
-    return LaidOutTensor([tf.slice(tf_tensor, begin, slice_shape)])
+    return LaidOutTensor([slice_utils.tf_slice(tf_tensor, begin,
+                                               slice_shape)])
 
   def import_tf_tensor(self, x, tf_x):
     """This processor's slice of `tf_x` (the value of mtf Tensor `x`)."""

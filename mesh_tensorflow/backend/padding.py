@@ -21,6 +21,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.backend import slice_utils
+
 PaddedAxis = collections.namedtuple(
     "PaddedAxis",
     ["tensor_axis", "mesh_axis", "size", "slice_size", "pieces"])
@@ -98,7 +100,7 @@ def fill_slice(x, axes, begins, fill=0):
     mask = keep if mask is None else tf.logical_and(mask, keep)
   if mask is None:
     return x
-  return tf.where(mask, x, fill)
+  return slice_utils.broadcasting(tf.where, [mask, x, fill])
 
 
 def _as_dtype(value, dtype):
@@ -129,7 +131,7 @@ def strip_full(x, axes):
   size = [-1] * x.shape.rank
   for axis in axes:
     size[axis.tensor_axis] = axis.size
-  return tf.slice(x, begin, size)
+  return slice_utils.tf_slice(x, begin, size)
 
 
 def pad_axis(x, tensor_axis, size, to_size):
@@ -138,7 +140,7 @@ def pad_axis(x, tensor_axis, size, to_size):
     return x
   paddings = [[0, 0] for _ in range(x.shape.rank)]
   paddings[tensor_axis][1] = to_size - size
-  return tf.pad(x, paddings)
+  return slice_utils.tf_pad(x, paddings)
 
 
 def strip_axis(x, tensor_axis, size):
@@ -148,7 +150,7 @@ def strip_axis(x, tensor_axis, size):
   begin = [0] * x.shape.rank
   sizes = [-1] * x.shape.rank
   sizes[tensor_axis] = size
-  return tf.slice(x, begin, sizes)
+  return slice_utils.tf_slice(x, begin, sizes)
 
 
 def clip_block(axes, begin, size):

@@ -37,6 +37,8 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
 
+from mesh_tensorflow.backend import slice_utils
+
 # Group and instance keys are process-wide in TF's collective executor.
 _KEY_LOCK = threading.Lock()
 _NEXT_GROUP_KEY = itertools.count(1000)
@@ -260,7 +262,8 @@ class HostCollectives:
                       for i, member in enumerate(group)}
     table = [index_in_group[source_of[p]] if p in source_of else -1
              for p in range(len(self._devices))]
-    gathered = self.all_gather(x[tf.newaxis], group_assignment)
+    gathered = self.all_gather(tf.expand_dims(x, 0), group_assignment)
     source = tf.gather(tf.constant(table, tf.int32), self._pnum_fn())
     value = tf.gather(gathered, tf.maximum(source, 0))
-    return tf.where(source >= 0, value, tf.zeros_like(value))
+    return slice_utils.broadcasting(
+        tf.where, [source >= 0, value, tf.zeros_like(value)])

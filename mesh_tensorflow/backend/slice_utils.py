@@ -9,13 +9,15 @@ every lowering reads a slice's shape through it and gets Python ints. Under
 programs written for TensorFlow 1 call, `tf.Tensor.shape[i]` is a v1
 `Dimension`, which neither arithmetic with ints nor `tf.slice` accepts.
 
-The guards at the end (`softmax`, `broadcastable`, `broadcast_to`) keep what
-reaches TensorFlow within its kernels' rank limits, with oneDNN on or off
+The guards at the end (`softmax`, `broadcastable`, `broadcast_to`,
+`broadcasting`, `elementwise`, `tf_slice`, `tf_pad`) keep what reaches
+TensorFlow within its kernels' rank limits, with oneDNN on or off
 (docs/kernel_limits.md; tools/kernel_rank_audit.py checks them all).
 """
 
 import tensorflow as tf
 
+from mesh_tensorflow import errors
 from mesh_tensorflow import shape as shape_lib
 
 
@@ -218,3 +220,181 @@ def broadcast_to(x, shape):
       None in x_shape):
     return tf.broadcast_to(x, shape)
   return _tile_to(x, list(shape))
+
+
+# TensorFlow's default kernels of Slice, StridedSlice, Pad, SelectV2,
+# ReverseV2 and of the activation gradients (ReluGrad, EluGrad, SeluGrad,
+# LeakyReluGrad, SoftplusGrad) take at most 8 dimensions, with oneDNN on or
+# off: "SliceOp : Unhandled input dimensions", "We only handle up to
+# Tensor::dims() up to 8, not 9", "Broadcast between [...] is not supported
+# yet" (SelectV2, even of equal shapes). The guards below merge
+# neighbouring axes that the kernel treats alike, so that slices of any
+# rank run; at or under the limit they change nothing.
+MAX_KERNEL_RANK = 8
+# TensorFlow's Pad takes at most 6 groups of padded and unpadded axes
+# ("Only ranks up to 6 supported").
+MAX_PAD_GROUPS = 6
+
+
+def _static_or_error(x, what):
+  """static_shape(x), which must be fully known for a guard to merge axes
+  of a slice beyond MAX_KERNEL_RANK."""
+  shape = static_shape(x)
+  if None in shape:
+    raise errors.ShapeError(
+        f"{what} of a slice of rank {len(shape)} with sizes unknown "
+        f"statically ({shape}): TensorFlow's kernel takes at most "
+        f"{MAX_KERNEL_RANK} dimensions, and merging axes needs static "
+        "sizes.")
+  return shape
+
+
+def broadcasting(fn, slices):
+  """fn(*slices) for an element-wise, broadcasting `fn` (tf.where, a
+  binary op, an activation gradient), at any rank.
+
+  Up to MAX_KERNEL_RANK dimensions it is `fn(*slices)`. Beyond, slices
+  are first tiled to at most MAX_BROADCAST_GROUPS groups of neighbouring
+  axes that broadcast alike (`broadcastable`), each group is merged into
+  one axis (slices of one shape become 1-D), `fn` runs on those, and the
+  result is reshaped to the full broadcast shape.
+  """
+  slices = list(slices)
+  shapes = [static_shape(s) for s in slices]
+  rank = max(len(s) for s in shapes)
+  if rank <= MAX_KERNEL_RANK:
+    return fn(*slices)
+  shapes = [_static_or_error(s, "An element-wise op") for s in slices]
+  slices = broadcastable(slices)
+  shapes = [static_shape(s) for s in slices]
+  padded = [[1] * (rank - len(s)) + s for s in shapes]
+  target = [max(sizes) for sizes in zip(*padded)]
+  merged = [[] for _ in slices]
+  previous = None
+  for axis, sizes in enumerate(zip(*padded)):
+    if target[axis] == 1:
+      continue
+    pattern = tuple(n == 1 for n in sizes)
+    for m, n in zip(merged, sizes):
+      if pattern == previous:
+        m[-1] *= n
+      else:
+        m.append(n)
+    previous = pattern
+  y = fn(*[tf.reshape(s, m) for s, m in zip(slices, merged)])
+  return tf.reshape(y, target)
+
+
+def elementwise(fn, *slices):
+  """fn(*slices) for an element-wise `fn` of slices of one shape (or
+  broadcast against each other), at any rank (see `broadcasting`)."""
+  return broadcasting(fn, slices)
+
+
+def _merge_untouched(shape, touched):
+  """Groups of axes for a kernel acting on axes `touched` only.
+
+  Each group is a touched axis (or the first axis) followed by the
+  untouched axes after it: merged row-major, an untouched (whole) axis
+  only scales the positions of the axis before it. Returns the groups as
+  lists of axes.
+  """
+  groups = []
+  for axis in range(len(shape)):
+    if axis in touched or not groups:
+      groups.append([axis])
+    else:
+      groups[-1].append(axis)
+  return groups
+
+
+def _scale(value, factor):
+  """value * factor for an int or a scalar tensor `value`."""
+  if factor == 1:
+    return value
+  return value * factor
+
+
+def tf_slice(x, begin, size):
+  """tf.slice(x, begin, size) at any rank.
+
+  Beyond MAX_KERNEL_RANK dimensions, runs of axes taken whole merge into
+  the axis before them (in stages of MAX_KERNEL_RANK - 1 partly taken
+  axes, when there are more). `begin` holds ints or is an int tensor of
+  shape [rank]; `size` holds ints (-1: to the end). Sizes must be static.
+  """
+  shape = static_shape(x)
+  rank = len(shape)
+  if rank <= MAX_KERNEL_RANK:
+    return tf.slice(x, begin, size)
+  shape = _static_or_error(x, "Slice")
+  if isinstance(begin, (list, tuple)):
+    begins = list(begin)
+  else:
+    begins = [begin[i] for i in range(rank)]
+  sizes = [n - b if s == -1 else s for n, b, s in zip(shape, begins, size)]
+  partial = [i for i in range(rank) if sizes[i] != shape[i]]
+  if len(partial) > MAX_KERNEL_RANK - 1:
+    # Slice the first axes now, the others (taken whole here) after.
+    later = set(partial[MAX_KERNEL_RANK - 1:])
+    first = tf_slice(x, [0 if i in later else b for i, b in enumerate(begins)],
+                     [shape[i] if i in later else s
+                      for i, s in enumerate(sizes)])
+    return tf_slice(first, [b if i in later else 0
+                            for i, b in enumerate(begins)],
+                    [s if i in later else -1 for i, s in enumerate(sizes)])
+  groups = _merge_untouched(shape, set(partial))
+  merged_shape, merged_begin, merged_size = [], [], []
+  for group in groups:
+    rest = shape_lib.list_product([shape[i] for i in group[1:]])
+    merged_shape.append(shape[group[0]] * rest)
+    merged_begin.append(_scale(begins[group[0]], rest))
+    merged_size.append(sizes[group[0]] * rest)
+  if not all(isinstance(b, int) for b in merged_begin):
+    merged_begin = tf.stack([tf.cast(b, tf.int32) for b in merged_begin])
+  y = tf.slice(tf.reshape(x, merged_shape), merged_begin, merged_size)
+  return tf.reshape(y, sizes)
+
+
+def _pad_groups(paddings):
+  """Groups of neighbouring axes that Pad sees: padded or not alike."""
+  groups, previous = 0, None
+  for before, after in paddings:
+    pattern = (before, after) != (0, 0)
+    if pattern or pattern != previous:
+      groups += 1
+    previous = pattern
+  return groups
+
+
+def tf_pad(x, paddings, constant_values=0):
+  """tf.pad(x, paddings, constant_values=...) at any rank.
+
+  Within MAX_KERNEL_RANK dimensions and MAX_PAD_GROUPS groups of padded
+  and unpadded axes it is tf.pad. Otherwise runs of unpadded axes merge
+  into the axis before them (an unpadded axis only scales its padding),
+  padding at most MAX_PAD_GROUPS - 1 axes at a time. `paddings` holds
+  [before, after] pairs of ints; sizes must be static.
+  """
+  shape = static_shape(x)
+  rank = len(shape)
+  paddings = [list(p) for p in paddings]
+  if rank <= MAX_KERNEL_RANK and _pad_groups(paddings) <= MAX_PAD_GROUPS:
+    return tf.pad(x, paddings, constant_values=constant_values)
+  shape = _static_or_error(x, "Pad")
+  padded = [i for i in range(rank) if paddings[i] != [0, 0]]
+  if len(padded) > MAX_PAD_GROUPS - 1:
+    later = set(padded[MAX_PAD_GROUPS - 1:])
+    first = tf_pad(x, [[0, 0] if i in later else p
+                       for i, p in enumerate(paddings)], constant_values)
+    return tf_pad(first, [p if i in later else [0, 0]
+                          for i, p in enumerate(paddings)], constant_values)
+  groups = _merge_untouched(shape, set(padded))
+  merged_shape, merged_paddings = [], []
+  for group in groups:
+    rest = shape_lib.list_product([shape[i] for i in group[1:]])
+    merged_shape.append(shape[group[0]] * rest)
+    merged_paddings.append([p * rest for p in paddings[group[0]]])
+  y = tf.pad(tf.reshape(x, merged_shape), merged_paddings,
+             constant_values=constant_values)
+  return tf.reshape(y, [n + sum(p) for n, p in zip(shape, paddings)])

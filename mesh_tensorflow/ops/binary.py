@@ -294,7 +294,7 @@ class WhereOperation(graph_lib.Operation):
       c, a, b = [slice_utils.broadcast_to(
                      slice_utils.expand_to(t, s, out_shape), out_slice_shape)
                  for t, s in zip((c, a, b), shapes)]
-      return tf.where(c, a, b)
+      return slice_utils.elementwise(tf.where, c, a, b)
 
     lowering.set_tensor_lowering(
         self._outputs[0],

@@ -117,9 +117,10 @@ class BinaryOpWithBroadcasting(graph_lib.Operation):
     out_slice_shape = impl.slice_shape(out_shape)
 
     def fn(a, b):
-      y = self._tf_fn(*slice_utils.broadcastable(
-          [slice_utils.expand_to(a, x1.shape, out_shape),
-           slice_utils.expand_to(b, x2.shape, out_shape)]))
+      y = slice_utils.broadcasting(
+          self._tf_fn, slice_utils.broadcastable(
+              [slice_utils.expand_to(a, x1.shape, out_shape),
+               slice_utils.expand_to(b, x2.shape, out_shape)]))
       if slice_utils.static_shape(y) != out_slice_shape:
         y = slice_utils.broadcast_to(y, out_slice_shape)
       return y

@@ -63,7 +63,7 @@ def _take(x, axis, begin, size):
   sizes = [-1] * len(starts)
   starts[axis] = begin
   sizes[axis] = size
-  return tf.slice(x, starts, sizes)
+  return slice_utils.tf_slice(x, starts, sizes)
 
 
 def _local_shift(x, axis, offset, wrap):
@@ -80,9 +80,9 @@ def _local_shift(x, axis, offset, wrap):
   pads = [[0, 0]] * len(slice_utils.static_shape(x))
   if offset > 0:
     pads[axis] = [offset, 0]
-    return tf.pad(_take(x, axis, 0, size - offset), pads)
+    return slice_utils.tf_pad(_take(x, axis, 0, size - offset), pads)
   pads[axis] = [0, -offset]
-  return tf.pad(_take(x, axis, -offset, size + offset), pads)
+  return slice_utils.tf_pad(_take(x, axis, -offset, size + offset), pads)
 
 
 class ShiftOperation(graph_lib.Operation):

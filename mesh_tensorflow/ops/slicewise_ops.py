@@ -11,6 +11,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
 
 
@@ -35,6 +36,9 @@ class SlicewiseOperation(graph_lib.Operation):
       zero (uneven splits) and the Lowering need not zero it again. Only
       this library's own element-wise functions say so; the default is the
       safe False.
+    elementwise: (keyword only) whether `tf_fn` is element-wise on slices
+      of one shape (`cwise`): beyond the rank TensorFlow's kernels take,
+      the slices are flattened around it (slice_utils.elementwise).
   """
 
   # Dimensions it may split are never mixed by tf_fn: padding is safe.
@@ -42,9 +46,10 @@ class SlicewiseOperation(graph_lib.Operation):
 
   def __init__(self, tf_fn, inputs, output_shapes, output_dtypes,
                splittable_dims, grad_function=None, name=None, *,
-               keeps_zero=False):
+               keeps_zero=False, elementwise=False):
     super().__init__(inputs, name=name or "slicewise")
     self._tf_fn = tf_fn
+    self._elementwise = bool(elementwise)
     self._grad_function = grad_function
     self._keeps_zero = bool(keeps_zero)
     shapes, dtypes = list(output_shapes), list(output_dtypes)
@@ -86,7 +91,10 @@ class SlicewiseOperation(graph_lib.Operation):
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    values = impl.slicewise(self._tf_fn,
+    tf_fn = self._tf_fn
+    if self._elementwise:
+      tf_fn = lambda *xs: slice_utils.elementwise(self._tf_fn, *xs)
+    values = impl.slicewise(tf_fn,
                             *[lowering.tensors[x] for x in self._inputs])
     if not isinstance(values, (tuple, list)):
       values = (values,)
@@ -200,6 +208,8 @@ def cwise(tf_fn, xs, output_dtype=None, grad_function=None, name=None, *,
   """An element-wise function of same-shaped tensors; every dim splittable.
 
   `keeps_zero` (keyword only): f(0, ..., 0) = 0 (see SlicewiseOperation).
+  Slices beyond the rank TensorFlow's kernels take are flattened around
+  `tf_fn` (SlicewiseOperation's `elementwise`).
   """
   shape = xs[0].shape
   for x in xs[1:]:
@@ -207,6 +217,7 @@ def cwise(tf_fn, xs, output_dtype=None, grad_function=None, name=None, *,
       raise errors.ShapeError(
           f"cwise {name or 'op'}: inputs must have the same shape, got "
           f"{shape} and {x.shape}.")
-  return slicewise(tf_fn, xs, output_shape=shape, output_dtype=output_dtype,
-                   splittable_dims=shape.dims, grad_function=grad_function,
-                   name=name, keeps_zero=keeps_zero)
+  op = SlicewiseOperation(tf_fn, xs, [shape], [output_dtype or xs[0].dtype],
+                          shape.dims, grad_function=grad_function, name=name,
+                          keeps_zero=keeps_zero, elementwise=True)
+  return op.outputs[0]

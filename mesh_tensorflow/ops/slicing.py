@@ -11,6 +11,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
 
 
@@ -112,7 +113,7 @@ class SliceOperation(graph_lib.Operation):
       sizes = [-1] * x.shape.rank
       starts[axis] = begin
       sizes[axis] = size
-      return tf.slice(x, starts, sizes)
+      return slice_utils.tf_slice(x, starts, sizes)
 
     lowering.set_tensor_lowering(
         self._outputs[0], impl.slicewise(fn, lowering.tensors[self._inputs[0]]))
@@ -161,7 +162,7 @@ class PadOperation(graph_lib.Operation):
     def fn(x):
       pads = [[0, 0]] * x.shape.rank
       pads[axis] = list(paddings)
-      return tf.pad(x, pads)
+      return slice_utils.tf_pad(x, pads)
 
     lowering.set_tensor_lowering(
         self._outputs[0], impl.slicewise(fn, lowering.tensors[self._inputs[0]]))
