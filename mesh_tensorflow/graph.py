@@ -11,10 +11,27 @@ import re
 import types
 
 import tensorflow as tf
+from tensorflow.python.ops import variable_scope as tf_variable_scope  # pylint: disable=g-direct-tensorflow-import
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import shape as shape_lib
+
+
+def _forget_default_scope_names(scope):
+  """Makes layers' default scope names in `scope` start afresh ("dense",
+  not "dense_4") in eager and tf.function mode.
+
+  TF1 counts default names per tf.Graph, and the original built one mtf
+  graph per tf.Graph; eager and tf.function share one process-wide count,
+  so a retraced function would otherwise name new variables. A tf.Graph
+  of the program's own (tf.compat.v1 mode) keeps TF1's counting, as in the
+  original.
+  """
+  if not tf.compat.v1.executing_eagerly_outside_functions():
+    return
+  store = tf_variable_scope.get_variable_scope_store()
+  store.close_variable_subscopes(scope or None)
 
 
 class Graph:
@@ -33,6 +50,7 @@ class Graph:
     self._name_prefixes = []
     self._captured_variable_scope = tf.compat.v1.get_variable_scope().name
     self._stacking_limits = None
+    _forget_default_scope_names(self._captured_variable_scope)
 
   def __repr__(self):
     return f"<mtf.Graph with {len(self._operations)} operations>"

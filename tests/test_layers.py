@@ -63,14 +63,14 @@ def test_dense_matches_keras(mesh_shape, layout, mode):
     variables = mesh.graph.name_to_variable
     return {"y": y}, _loss(y, C_HIDDEN), {
         "x": x, "kernel": variables["dense/kernel"].outputs[0],
-        "bias": variables["dense/bias"].outputs[0]}
+        "bias": variables["dense_1/bias"].outputs[0]}
 
   got, graph = _run(mesh_shape, layout, mode, build)
   assert [v.name for v in graph.trainable_variables] == [
-      "dense/kernel", "dense/bias"]
+      "dense/kernel", "dense_1/bias"]
   assert graph.name_to_variable["dense/kernel"].shape == mtf.Shape(
       [IO, HIDDEN])
-  assert graph.name_to_variable["dense/bias"].shape == mtf.Shape([HIDDEN])
+  assert graph.name_to_variable["dense_1/bias"].shape == mtf.Shape([HIDDEN])
 
   keras_dense = tf.keras.layers.Dense(
       16, activation="tanh",
@@ -83,7 +83,7 @@ def test_dense_matches_keras(mesh_shape, layout, mode):
   dx, dw, db = tape.gradient(loss, [x, keras_dense.kernel, keras_dense.bias])
   np.testing.assert_allclose(got["y"], y.numpy(), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got["dense/kernel"], W)
-  np.testing.assert_allclose(got["dense/bias"], np.zeros(16))
+  np.testing.assert_allclose(got["dense_1/bias"], np.zeros(16))
   for name, want in [("d_x", dx), ("d_kernel", dw), ("d_bias", db)]:
     np.testing.assert_allclose(got[name], want.numpy(), rtol=1e-4, atol=1e-4,
                                err_msg=name)
@@ -203,7 +203,7 @@ def test_dense_expert_dims(mesh_shape, layout, mode):
                               kernel_initializer=kernel)}, None, {}
 
   got, graph = _run(mesh_shape, layout, mode, build)
-  assert graph.name_to_variable["dense/bias"].shape == mtf.Shape(
+  assert graph.name_to_variable["dense_1/bias"].shape == mtf.Shape(
       [experts, HIDDEN])
   np.testing.assert_allclose(got["y"], np.einsum("ebi,eih->ebh", x_value,
                                                  kernel),
@@ -253,9 +253,11 @@ def test_default_scope_names_are_unique_per_graph(mode):
 
   for _ in range(2):  # The same names in a second graph.
     _, graph = _run("all:1", "", mode, build)
+    # The original's names: an unnamed dense opens one default scope for
+    # its kernel and another for its bias.
     assert sorted(graph.name_to_variable) == [
-        "dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel",
-        "outer/dense/bias", "outer/dense/kernel"]
+        "dense/kernel", "dense_1/bias", "dense_2/kernel", "dense_3/bias",
+        "outer/dense/kernel", "outer/dense_1/bias"]
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", _params(

@@ -22,6 +22,7 @@ import weakref
 import tensorflow as tf
 
 from mesh_tensorflow.storage import checkpointing
+from mesh_tensorflow.storage import legacy_names
 from mesh_tensorflow import errors
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow.storage import variable_store as variable_store_lib
@@ -337,7 +338,8 @@ def assign_to_variables(laid_out_variables, laid_out_values, assign_fn):
 def checkpoint_node(variable, mesh_impl, entry, row=None):
   return checkpointing.SlicedVariableNode(
       mesh_impl, variable.shape, variable.master_dtype, entry,
-      mesh_impl.devices, row=row)
+      mesh_impl.devices, row=row,
+      earlier_names=legacy_names.for_graph(variable.mesh.graph))
 
 
 def track(variable, mesh_impl, entry):

@@ -215,14 +215,16 @@ def convert(reader, config):
         ("output/LayerNorm/beta", "feedforward/layer_norm/bias", [h])):
       ours[dst + o_name] = load(src + g_name, shape)
 
+  # Our dense layers without a name keep the kernel in "dense/" and the
+  # bias in "dense_1/", as the original's (tf.layers keeps both in one).
   ours["bert/pooler/dense/kernel"] = load("bert/pooler/dense/kernel", [h, h])
-  ours["bert/pooler/dense/bias"] = load("bert/pooler/dense/bias", [h])
+  ours["bert/pooler/dense_1/bias"] = load("bert/pooler/dense/bias", [h])
   # The pretraining heads: in Google's releases, absent from fine-tuned
   # checkpoints (those variables then keep their initial values).
   t = "cls/predictions/transform/"
   if t + "dense/kernel" in names:
     ours[t + "dense/kernel"] = load(t + "dense/kernel", [h, h])
-    ours[t + "dense/bias"] = load(t + "dense/bias", [h])
+    ours[t + "dense_1/bias"] = load(t + "dense/bias", [h])
     ours[t + "layer_norm/scale"] = load(t + "LayerNorm/gamma", [h])
     ours[t + "layer_norm/bias"] = load(t + "LayerNorm/beta", [h])
   if "cls/predictions/output_bias" in names:

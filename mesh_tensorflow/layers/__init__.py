@@ -34,7 +34,6 @@ from mesh_tensorflow.layers.residual_layers import *
 # The helpers every layer module shares (layer_helpers.py), under the names
 # they had here.
 _variable_scope = layer_helpers.variable_scope
-_scope_name = layer_helpers.scope_name
 _name_seed = layer_helpers.name_seed
 _as_list = layer_helpers.as_list
 
@@ -103,7 +102,9 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
       `VarianceScalingInitializer()`.
     kernel_weights: optional mtf Tensor used as the kernel instead of a
       variable, of shape expert_dims + reduced_dims + new_dims.
-    name: the variable scope; default "dense" (made unique).
+    name: the variable scope. Without one, as in the original, the kernel
+      and the bias each get a default scope: "dense/kernel" and
+      "dense_1/bias" (then "dense_2/kernel", "dense_3/bias", ...).
 
   Returns:
     an mtf Tensor of shape [x dims other than reduced_dims] + new_dims.
@@ -138,29 +139,35 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
       renamed[d] = reduced_dims[i] = tmp
   output_shape = mtf.Shape(
       [d for d in x.shape.dims if d not in reduced_dims] + new_dims)
-  name = _scope_name(x.mesh, name, "dense")
-  if kernel_weights is None:
-    # Looked up in this module at call time, as the original: tests and
-    # layers may substitute the kernel by patching get_dense_kernel_weights.
-    kernel_weights = get_dense_kernel_weights(
-        x, new_dims, reduced_dims, expert_dims, kernel_initializer,
-        name=name, variable_dtype=variable_dtype)
-  for d, tmp in renamed.items():
-    # A kernel given, or substituted, with the reduced dimension's own name
-    # (the original's mocked tests build [d_model:6, d_model:2]).
-    if d in kernel_weights.shape.dims and tmp not in kernel_weights.shape.dims:
-      kernel_weights = mtf.replace_dimensions(kernel_weights, d, tmp)
-  with tf.compat.v1.variable_scope(name):
-    kernel_weights = mtf.cast(kernel_weights, x.dtype)
-    y = us_einsum([x, kernel_weights], output_shape)
-    if use_bias:
-      b = mtf.get_variable(x.mesh, "bias", mtf.Shape(expert_dims + new_dims),
-                           initializer=tf.zeros_initializer(),
-                           dtype=variable_dtype)
-      y += b
-    if activation is not None:
-      y = activation(y)
-    return y
+  # As the original: the kernel and the bias each open a scope `name`, so
+  # that without a name the kernel goes in "dense/" and the bias in
+  # "dense_1/" (the next unnamed dense uses "dense_2/" and "dense_3/").
+  with layer_helpers.one_earlier_scope(x.mesh, name, "dense"):
+    if kernel_weights is None:
+      # Looked up in this module at call time, as the original: tests and
+      # layers may substitute the kernel by patching
+      # get_dense_kernel_weights.
+      kernel_weights = get_dense_kernel_weights(
+          x, new_dims, reduced_dims, expert_dims, kernel_initializer,
+          name=name, variable_dtype=variable_dtype)
+    for d, tmp in renamed.items():
+      # A kernel given, or substituted, with the reduced dimension's own
+      # name (the original's mocked tests build [d_model:6, d_model:2]).
+      if (d in kernel_weights.shape.dims and
+          tmp not in kernel_weights.shape.dims):
+        kernel_weights = mtf.replace_dimensions(kernel_weights, d, tmp)
+    with _variable_scope(x.mesh, name, "dense"):
+      kernel_weights = mtf.cast(kernel_weights, x.dtype)
+      y = us_einsum([x, kernel_weights], output_shape)
+      if use_bias:
+        b = mtf.get_variable(x.mesh, "bias",
+                             mtf.Shape(expert_dims + new_dims),
+                             initializer=tf.zeros_initializer(),
+                             dtype=variable_dtype)
+        y += b
+      if activation is not None:
+        y = activation(y)
+      return y
 
 
 def _kernel_variable(x, new_dims, reduced_dims, expert_dims,

@@ -6,41 +6,43 @@ layers form no import cycle.
 """
 
 import contextlib
-import weakref
 
 import tensorflow as tf
 
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.randomness import tf_initializers
-
-# Scope names already taken in each mtf.Graph, for layers called without a
-# name. TensorFlow's own default-name counter lives in a process-wide store
-# in eager and tf.function mode, so a retraced function would name its
-# variables "dense_1" and create new ones; counting per mtf.Graph gives the
-# same names on every trace.
-_SCOPES_IN_USE = weakref.WeakKeyDictionary()
+from mesh_tensorflow.storage import legacy_names
 
 
 @contextlib.contextmanager
 def variable_scope(mesh, name, default_name):
-  """A `tf.compat.v1.variable_scope` named `name`, else a unique default."""
-  with tf.compat.v1.variable_scope(scope_name(mesh, name, default_name)):
+  """`tf.compat.v1.variable_scope(name, default_name=default_name)`.
+
+  TensorFlow's own default names, as in the original: "dense", then
+  "dense_1", ..., unique among the scopes opened in the current scope
+  (layers' and the program's), forgotten when a named outer scope closes.
+  (Each mtf.Graph starts counting afresh in eager and tf.function mode,
+  see graph.py.) The scope's path in earlier versions of this project is
+  recorded for restoring their checkpoints (storage/legacy_names.py).
+  """
+  outer = tf.compat.v1.get_variable_scope().name
+  with tf.compat.v1.variable_scope(name, default_name=default_name):
+    legacy_names.for_graph(mesh.graph).opened(
+        outer, tf.compat.v1.get_variable_scope().name, name, default_name)
     yield
 
 
-def scope_name(mesh, name, default_name):
-  """`name`, else `default_name` made unique in the current scope; marks the
-  result as used (so a layer can name a scope before it opens it)."""
-  used = _SCOPES_IN_USE.setdefault(mesh.graph, set())
-  outer = tf.compat.v1.get_variable_scope().name
-  if name is None:
-    name = default_name
-    count = 0
-    while f"{outer}/{name}" in used:
-      count += 1
-      name = f"{default_name}_{count}"
-  used.add(f"{outer}/{name}")
-  return name
+@contextlib.contextmanager
+def one_earlier_scope(mesh, name, default_name):
+  """Inside, the scopes `default_name` opened directly in the current scope
+  share one path in earlier versions (their `dense` kept kernel and bias
+  in one scope; the original's opens two). Names now are unaffected."""
+  table = legacy_names.for_graph(mesh.graph)
+  pin = table.pin(tf.compat.v1.get_variable_scope().name, name, default_name)
+  try:
+    yield
+  finally:
+    table.unpin(pin)
 
 
 def name_seed(name):

@@ -117,10 +117,13 @@ class SlicedVariableNode(ScopeNode):
       its first dimension) that this node saves as a variable of its own,
       of shape `shape` without its first dimension: only the processors
       whose slices hold that row write and read it.
+    earlier_names: the `legacy_names.LegacyScopes` of the variable's mtf
+      graph, for restoring checkpoints of earlier versions.
   """
 
   def __init__(self, mesh_impl, shape, master_dtype, storage, devices,
-               row=None):
+               row=None, earlier_names=None):
+    self.earlier_names = earlier_names
     self._mesh_impl = mesh_impl
     self._stored_shape = shape_lib.convert_to_shape(shape)
     self._row = row
@@ -430,6 +433,7 @@ class ValueRestore:
     self._keys = dict(keys)
     self._wanted = wanted
     self._seen = set()
+    self._uses_earlier_names = {}  # LegacyScopes -> bool
     self.restored = []
     self.missing = []
     # Compat graph mode: the assignments to run, and their feeds.
@@ -446,6 +450,23 @@ class ValueRestore:
     for name, node in list(_tracked_nodes(root)):
       self.fill(name, node)
 
+  def _name_in_checkpoint(self, name, node):
+    """`name`, or its name in earlier versions if the checkpoint has the
+    earlier names (legacy_names.py): more of the graph's renamed
+    variables are there under their earlier names than under their
+    names now (some names are both: "dense_1/bias" was a second dense's
+    bias, and is now the first's)."""
+    table = getattr(node, "earlier_names", None)
+    earlier = None if table is None else table.earlier_name(name)
+    if earlier is None:
+      return name
+    if table not in self._uses_earlier_names:
+      renamed = table.renamed_variables()
+      now = sum(n in self._keys for n in renamed)
+      before = sum(n in self._keys for n in renamed.values())
+      self._uses_earlier_names[table] = before > now
+    return earlier if self._uses_earlier_names[table] else name
+
   def fill(self, name, node):
     """Loads variable `name` (its checkpoint node) if the checkpoint has it.
 
@@ -457,7 +478,7 @@ class ValueRestore:
     self._seen.add(name)
     if self._wanted is not None and not self._wanted(name):
       return
-    key = self._keys.get(name)
+    key = self._keys.get(self._name_in_checkpoint(name, node))
     if key is None:
       self.missing.append(name)
       return

@@ -203,11 +203,11 @@ def from_mtf(mtf_weights, config):
       "bert/embeddings/LayerNorm/gamma": m["bert/embeddings/layer_norm/scale"],
       "bert/embeddings/LayerNorm/beta": m["bert/embeddings/layer_norm/bias"],
       "bert/pooler/dense/kernel": m["bert/pooler/dense/kernel"],
-      "bert/pooler/dense/bias": m["bert/pooler/dense/bias"],
+      "bert/pooler/dense/bias": m["bert/pooler/dense_1/bias"],
       "cls/predictions/transform/dense/kernel":
           m["cls/predictions/transform/dense/kernel"],
       "cls/predictions/transform/dense/bias":
-          m["cls/predictions/transform/dense/bias"],
+          m["cls/predictions/transform/dense_1/bias"],
       "cls/predictions/transform/LayerNorm/gamma":
           m["cls/predictions/transform/layer_norm/scale"],
       "cls/predictions/transform/LayerNorm/beta":

@@ -195,9 +195,9 @@ def test_variable_names_of_a_tiny_model():
        "bert/embeddings/layer_norm/scale",
        "bert/embeddings/layer_norm/bias"]
       + [f"bert/encoder/block_{i}/{n}" for i in range(2) for n in block]
-      + ["bert/pooler/dense/kernel", "bert/pooler/dense/bias",
+      + ["bert/pooler/dense/kernel", "bert/pooler/dense_1/bias",
          "cls/predictions/transform/dense/kernel",
-         "cls/predictions/transform/dense/bias",
+         "cls/predictions/transform/dense_1/bias",
          "cls/predictions/transform/layer_norm/scale",
          "cls/predictions/transform/layer_norm/bias",
          "cls/predictions/output_bias",

@@ -325,7 +325,7 @@ def original_variables(config):
       "bert/embeddings/layer_norm/scale": [hidden],
       "bert/embeddings/layer_norm/bias": [hidden],
       "bert/pooler/dense/kernel": [hidden, hidden],
-      "bert/pooler/dense/bias": [hidden],
+      "bert/pooler/dense_1/bias": [hidden],
   }
   for block in range(config["num_hidden_layers"]):
     prefix = f"bert/encoder/block_{block}"

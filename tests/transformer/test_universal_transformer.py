@@ -72,10 +72,13 @@ def _np_act(got, act_type, max_steps, epsilon):
   halting, remainders, n_updates = (np.zeros(shape) for _ in range(3))
   previous = np.zeros_like(x)
   state = x
-  for step in range(max_steps + 1):
-    suffix = f"_{step}" if step else ""
-    kernel = got[f"sigmoid_activation_for_pondering/dense{suffix}/kernel"]
-    bias = got[f"sigmoid_activation_for_pondering/dense{suffix}/bias"]
+  # One halting unit for every step, as in the original: each step
+  # re-enters the scope, and TF1 forgets the default names used inside a
+  # named scope when it closes, so the kernel is "dense" and the bias
+  # "dense_1" every time.
+  kernel = got["sigmoid_activation_for_pondering/dense/kernel"]
+  bias = got["sigmoid_activation_for_pondering/dense_1/bias"]
+  for _ in range(max_steps + 1):
     p = 1 / (1 + np.exp(-(state @ kernel + bias)))[..., 0]
     if act_type == "global":
       p = p.mean(1)
