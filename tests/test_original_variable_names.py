@@ -1,9 +1,10 @@
 """Variables are named as the original named them, default scopes included.
 
-tests/data/original_names/ holds a checkpoint that the original Mesh
-TensorFlow (0.1.21 on TF 2.15) wrote of a tiny BERT with biases and a stack
-of unnamed dense layers, with the outputs it computed
-(tools/make_original_names_fixture.py regenerates it). The original's
+tests/data/original_default_scopes/ holds a checkpoint that the original
+Mesh TensorFlow (0.1.21 on TF 2.15) wrote of a tiny BERT with biases and a
+stack of unnamed dense layers, with the outputs it computed
+(tools/make_original_default_scopes_fixture.py regenerates it). The
+original's
 `dense` without a name opens two default scopes: its kernel goes in
 "dense/", its bias in "dense_1/", so the BERT pooler's bias is
 "bert/pooler/dense_1/bias". The same program built here must restore
@@ -22,7 +23,8 @@ from mesh_tensorflow.bert import bert
 from mesh_tensorflow.storage import checkpointing
 from tests import mtf_testing
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "original_names")
+FIXTURE = os.path.join(os.path.dirname(__file__), "data",
+                       "original_default_scopes")
 CHECKPOINT = os.path.join(FIXTURE, "model.ckpt")
 BATCH, SEQ, PREDICTIONS, D_STACK, HIDDEN = 2, 4, 2, 6, 5
 CONFIG = dict(vocab_size=20, d_model=8, max_position_embeddings=8,

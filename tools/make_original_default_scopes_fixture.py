@@ -1,4 +1,4 @@
-"""Writes tests/data/original_names/ with the original Mesh TensorFlow.
+"""Writes tests/data/original_default_scopes/ with the original library.
 
 The fixture is a checkpoint the original library's own code wrote, to check
 that this project names its variables as the original did, default scopes
@@ -16,7 +16,8 @@ environment outside this repository, e.g.
 
   python3.11 -m venv /tmp/orig
   /tmp/orig/bin/pip install tensorflow-cpu==2.15.1 mesh-tensorflow==0.1.21
-  /tmp/orig/bin/python tools/make_original_names_fixture.py tests/data/original_names
+  /tmp/orig/bin/python tools/make_original_default_scopes_fixture.py \
+      tests/data/original_default_scopes
 
 The variables' initial values are random (seeded), so a rerun may write
 other numbers; the test reads whatever the fixture holds.
@@ -151,4 +152,5 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/original_names")
+  main(sys.argv[1] if len(sys.argv) > 1 else
+       "tests/data/original_default_scopes")
