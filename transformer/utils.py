@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator as estimator_lib
+from mesh_tensorflow.randomness import run_seed
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import run_auto_layout
@@ -514,14 +515,15 @@ def run(tpu_job_name,
       do not divide (padded; mtf.LayoutRules(allow_uneven=True)), e.g. a
       vocabulary of 32,100 over "model:8". The padding each graph pays is
       logged when it is lowered (mtf.padding_report).
-    seed: an int makes a run repeatable: two runs of one command on one
-      mesh give the same losses, step for step. It seeds the shuffles of
-      `dataset`'s functions (the data order) and TensorFlow's global seed
-      in the estimator's programs (other random ops, e.g. an unseeded
-      initializer or a dataset function's own shuffle). The layers' own
-      initial values and dropout masks are functions of variable and
-      operation names, the same in every run anyway. None: unseeded
-      shuffles, as in the original.
+    seed: an int makes a run repeatable, and another int gives another
+      run: two runs of one command on one mesh give the same losses, step
+      for step. It seeds the shuffles of `dataset`'s functions (the data
+      order), the initial values and dropout masks (mixed into the seeds
+      taken from variable and operation names, so one seed gives the same
+      values under every mesh and layout; see mtf.randomness.run_seed) and
+      TensorFlow's global seed in the estimator's programs (other random
+      ops, e.g. a dataset function's own shuffle). None: unseeded shuffles,
+      as in the original, and the names' own seeds.
 
   Returns:
     what the mode returns (e.g. eval metrics, scores, the export path).
@@ -624,8 +626,9 @@ def run(tpu_job_name,
       shard_weight_update=shard_weight_update,
       shard_parameters=shard_parameters,
       seed=seed)
-  # The mode's datasets are made within: their shuffles take the seed.
-  with transformer_dataset.shuffle_seed(seed):
+  # The mode's datasets are made within: their shuffles take the seed; so
+  # are its models: their name-keyed seeds mix it in.
+  with transformer_dataset.shuffle_seed(seed), run_seed.seed_scope(seed):
     if mode == "train":
       for hook in train_hooks or ():
         if hasattr(hook, "set_run"):

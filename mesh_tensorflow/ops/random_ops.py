@@ -7,7 +7,9 @@ therefore gives the same full tensor under every mesh and layout, replicated
 slices agree, different blocks differ, and nothing is communicated.
 
 Seeds. `seed=None` derives the seed from the operation's name (unique within
-its mtf graph); an explicit int or scalar integer tensor is used as given.
+its mtf graph) and the run seed, if one is set (see
+`mesh_tensorflow.randomness.run_seed`); an explicit int or scalar integer
+tensor is used as given.
 Every execution of a lowering then mixes in a step count kept by the mesh
 implementation (`Lowering.random_step`), so each training step draws fresh
 values, as TensorFlow's stateful random ops do, while a program stays
@@ -17,13 +19,13 @@ starts at 0, where the values are those of the seed alone).
 """
 
 import numbers
-import zlib
 
 import tensorflow as tf
 
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.randomness import run_seed
 from mesh_tensorflow.randomness import stateless_random
 from mesh_tensorflow.ops import binary
 from mesh_tensorflow.ops import comparisons
@@ -147,7 +149,7 @@ class RandomOperation(graph_lib.Operation):
         raise ValueError(f"{self.name}: integer random uniform needs maxval "
                          f"> minval, got minval={minval}, maxval={maxval}.")
     if seed is None:
-      seed = zlib.crc32(self.name.encode())
+      seed = run_seed.name_crc32(self.name)
     elif isinstance(seed, bool) or not (
         isinstance(seed, numbers.Integral) or tf.is_tensor(seed)):
       raise TypeError(f"{self.name}: seed must be None, an int or a scalar "

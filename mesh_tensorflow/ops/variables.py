@@ -11,6 +11,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.storage import variable_store
 from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import reshapes
@@ -216,7 +217,9 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
     initializer: fn(shape, dtype) -> full initial value (any TF or Keras
       initializer), or a value. Default: TF's Glorot uniform
       (`tf.compat.v1.glorot_uniform_initializer`, looked up now) seeded by
-      the variable's name, so every layout starts from the same values.
+      the variable's name, so every layout starts from the same values. A
+      TF or Keras random initializer made without a seed is seeded by the
+      name likewise (see `tf_initializers.seed_unseeded`).
     trainable: whether it is in `graph.trainable_variables`.
     **kwargs: accepted for compatibility with `tf.get_variable` arguments.
 
@@ -229,12 +232,13 @@ def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
     the variable's value, an mtf Tensor in the activation dtype.
   """
   prefix = mesh.graph.current_name_prefix()
+  full_name = f"{prefix}/{name}" if prefix else name
   request = extensions.VariableRequest(
-      mesh=mesh, name=f"{prefix}/{name}" if prefix else name,
-      shape=shape_lib.convert_to_shape(shape),
+      mesh=mesh, name=full_name, shape=shape_lib.convert_to_shape(shape),
       variable_dtype=_variable_dtype(dtype, master_dtype, slice_dtype,
                                      activation_dtype),
-      initializer=initializer, trainable=trainable, kwargs=dict(kwargs))
+      initializer=tf_initializers.seed_unseeded(initializer, full_name),
+      trainable=trainable, kwargs=dict(kwargs))
   return extensions.create_variable(request, _create)
 
 

@@ -16,13 +16,20 @@ therefore draw the same distribution, with the TF1 object's parameters
 the same seed and shape, on every layout and every trace. A replaced name
 (a user's initializer or a test's mock) is called as the original called
 it: with the parameters, without a seed.
+
+TF's and Keras's random initializers that a program makes without a seed
+and gives to `mtf.get_variable` are seeded by the variable's name there
+(`seed_unseeded`), so they too start alike on every layout.
 """
 
 import math
-import zlib
+import sys
 
 import tensorflow as tf
 from tensorflow.python.ops import init_ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import init_ops_v2  # pylint: disable=g-direct-tensorflow-import
+
+from mesh_tensorflow.randomness import run_seed
 
 
 def _normal(config, shape, seed):
@@ -73,10 +80,10 @@ _SEED_NAMES = {}
 
 
 def seed_of_name(full_name):
-  """The seed of full (scoped) name `full_name`, remembered so that a
-  layer-stacked variable can re-seed an initializer per member (see
-  mtf.strategies.layer_stacking)."""
-  seed = zlib.crc32(full_name.encode("utf-8")) & 0x7FFFFFFF
+  """The seed of full (scoped) name `full_name` under the run seed (see
+  run_seed), remembered so that a layer-stacked variable can re-seed an
+  initializer per member (see mtf.strategies.layer_stacking)."""
+  seed = run_seed.name_crc32(full_name) & 0x7FFFFFFF
   _SEED_NAMES[seed] = full_name
   return seed
 
@@ -128,3 +135,62 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
   initializer.with_seed = lambda new_seed: seeded(tf1_name, new_seed, stream,
                                                   **kwargs)
   return initializer
+
+
+def _keras_initializer_classes():
+  """The base classes of the Keras initializers a program may have made
+  (Keras 3, tf_keras), without importing Keras when it has not."""
+  classes = []
+  for module in ("keras", "tf_keras"):
+    initializers = getattr(sys.modules.get(module), "initializers", None)
+    base = getattr(initializers, "Initializer", None)
+    if isinstance(base, type):
+      classes.append(base)
+  return tuple(classes)
+
+
+def _stateless_maker(initializer):
+  """fn(seed) -> `initializer` with that seed, drawing with stateless ops;
+  None if `initializer` is not a random TF or Keras initializer made
+  without a seed."""
+  if isinstance(initializer, init_ops.Initializer):
+    # TF1's seeded draws are stateful (see the module docstring): its TF2
+    # twin of the same name and parameters draws statelessly.
+    twin = getattr(init_ops_v2, type(initializer).__name__, None)
+    if twin is None or getattr(initializer, "seed", 0) is not None:
+      return None
+    config = initializer.get_config()
+    config.pop("dtype", None)
+    return lambda seed: twin(**dict(config, seed=seed))
+  if not isinstance(initializer, (init_ops_v2.Initializer,) +
+                    _keras_initializer_classes()):
+    return None
+  config = initializer.get_config()
+  if "seed" not in config or config["seed"] is not None:
+    return None
+  return lambda seed: type(initializer).from_config(dict(config, seed=seed))
+
+
+def seed_unseeded(initializer, full_name):
+  """`initializer`, seeded by the variable name `full_name` if it is one of
+  TF's or Keras's random initializers made without a seed.
+
+  Unseeded, they draw new values at every call (TF) or at every
+  construction (Keras), so the same program would start differently under
+  each layout and on each trace. Seeded by the name (and the run seed, see
+  seed_of_name) they give the same start everywhere, with their own
+  distribution and parameters. The result carries `seed` and
+  `with_seed(seed)`, as `seeded`'s initializers do, so that a layer-stacked
+  variable seeds each member by its own name. Anything else (None, a value,
+  a seeded or a user's own initializer) is returned unchanged.
+  """
+  make = _stateless_maker(initializer)
+  if make is None:
+    return initializer
+
+  def seeded_copy(seed):
+    copy = make(seed)
+    copy.with_seed = seeded_copy
+    return copy
+
+  return seeded_copy(seed_of_name(full_name))

@@ -2,15 +2,22 @@
 
 A tiny LM ("lm", dropout 0.1) trains twice with `utils.run.seed`: the
 shuffled lines come in the same order and every step's loss is the same.
+The seed reaches the models: another seed, another start.
 The trained LM then scores strings (an "lm" has targets only) and decodes
 prompts of different lengths in one sequence as long as its position table.
 """
+
+import os
 
 import gin
 import numpy as np
 import pytest
 
 from mesh_tensorflow.transformer import dataset
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer import vocabulary
+from tests import mtf_testing
+from tests import test_run_seed
 from tests.transformer import test_auto_layout_run
 from tests.transformer import test_main
 
@@ -79,6 +86,40 @@ def test_seeded_runs_repeat_their_losses_step_for_step(seeded_runs):
 def test_seed_is_in_the_operative_config(seeded_runs):
   config = (seeded_runs[0][0] / "operative_config.gin").read_text()
   assert "run.seed = 1" in config.splitlines()
+
+
+def _start(seed, model_dir):
+  """Initial values and a dropout mask of a model that utils.run(seed=seed)
+  trains (its train_model_fn builds and lowers it instead)."""
+  started = []
+
+  def train_model_fn(*unused_args, **unused_kwargs):
+    values, _ = mtf_testing.run_program("all:1", "", "eager",
+                                        test_run_seed.model)
+    started.append(values)
+
+  gin.clear_config()
+  try:
+    gin.parse_config_file(os.path.join(utils.gin_dir(), "defaults.gin"))
+    gin.parse_config(["utils.run.mesh_shape = 'all:1'",
+                      "utils.run.layout_rules = ''"])
+    utils.run(None, None, None, None, str(model_dir),
+              vocabulary=vocabulary.ByteVocabulary(),
+              train_dataset_fn=lines_dataset_fn, sequence_length=LENGTH,
+              batch_size=2, train_steps=1, train_model_fn=train_model_fn,
+              seed=seed)
+  finally:
+    gin.clear_config()
+  (values,) = started
+  return values
+
+
+def test_the_seed_reaches_initial_values_and_dropout_masks(tmp_path):
+  first, again, other = (_start(seed, tmp_path / str(i))
+                         for i, seed in enumerate([1, 1, 2]))
+  for name in ["dense/kernel", "embedding", "mask", "w"]:
+    np.testing.assert_array_equal(first[name], again[name], err_msg=name)
+    assert not np.array_equal(first[name], other[name]), name
 
 
 def _run(model_dir, data_dir, *params):
