@@ -42,6 +42,7 @@ ONEDNN ?= 1
 ONEDNN_OTHER := $(if $(filter 0,$(ONEDNN)),1,0)
 BOTH_SETTINGS_TESTS := \
 	tests/ops/test_high_rank.py \
+	tests/ops/test_rank_beyond_eight.py \
 	tests/ops/test_uneven_movement.py::test_rank_7_with_three_padded_dimensions \
 	tests/test_uneven_mechanism.py \
 	tests/test_local_attention_layers.py \

@@ -21,6 +21,7 @@ A processor gets its slice in one of three ways, all giving the same bits:
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.randomness import philox
 
 _PHILOX = 1  # The `alg` of TF's stateless kernels.
@@ -126,9 +127,10 @@ def unit_uniform(seed, full_shape, slice_shape, begin):
       uneven = [isinstance(b, tf.Tensor) or int(b) + part > whole
                 for b, part, whole in zip(begin, slice_shape, full_shape)]
       if any(uneven):
-        values = tf.pad(values, [[0, part if pad else 0] for part, pad in
-                                 zip(slice_shape, uneven)])
-      values = tf.slice(values, [
+        values = slice_utils.tf_pad(values, [
+            [0, part if pad else 0] for part, pad in zip(slice_shape,
+                                                         uneven)])
+      values = slice_utils.tf_slice(values, [
           _at_most(b, whole) if pad else _as_begin(b)
           for b, whole, pad in zip(begin, full_shape, uneven)], slice_shape)
     return tf.reshape(values, [-1])

@@ -219,3 +219,24 @@ def test_rank_9_slice_of_unknown_sizes_is_an_mtf_error():
     x = tf.compat.v1.placeholder(tf.float32, [None] + [2] * 8)
     with pytest.raises(mtf.ShapeError, match=r"Slice.*rank 9.*at most 8"):
       slice_utils.tf_slice(x, [0] * 9, [1] + [2] * 8)
+
+
+def test_rank_10_variable_and_random_on_simd():
+  """A rank-10 variable split unevenly on SimdMeshImpl (its initial value
+  sliced into processors), a gather from it, relu's gradient into it, and
+  a layout-invariant random tensor (padded and sliced per processor)."""
+  names = ["e0"] + _names(10)[1:]
+
+  def build(mesh):
+    v = mtf.get_variable(mesh, "v", _shape(names),
+                         initializer=tf.random_normal_initializer(seed=1))
+    outputs = {"r": mtf.random_uniform(mesh, _shape(names), seed=3),
+               "g": mtf.gather(v, 1, _dim("d3"))}
+    return outputs, mtf.reduce_sum(mtf.relu(v)), {"v": v}
+
+  got, _ = mtf_testing.run_program("rows:2;cols:2", SPLIT, "simd", build)
+  want, _ = mtf_testing.run_program("all:1", "", "eager", build)
+  for key in ("r", "g", "v", "d_v"):
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
+  np.testing.assert_array_equal(got["d_v"], (want["v"] > 0) * 1.0)
+  np.testing.assert_array_equal(got["g"], want["v"][:, :, :, 1])
