@@ -137,6 +137,9 @@ def _cases(rank):
       "concat": (lambda m, t: {"y": mtf.concat([t["x"], t["x"] * 3.0], inner)},
                  lambda x: {"y": np.concatenate([x, 3 * x], axis=3)},
                  {"x": x}),
+      # Its gradient is a scatter-add (unsorted_segment_sum).
+      "gather": (lambda m, t: {"y": mtf.gather(t["x"], 1, _dim(inner))},
+                 lambda x: {"y": x[:, :, :, 1]}, {"x": x}),
       # e0 is split unevenly: exp's padding is zeroed with a mask, and
       # reduce_max fills it with -inf first.
       "uneven": (lambda m, t: {
