@@ -47,6 +47,7 @@ from tensorflow.python.training.saving import saveable_object  # pylint: disable
 
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.backend import padding
+from mesh_tensorflow.backend import slice_utils
 
 Trackable = tf.__internal__.tracking.Trackable
 
@@ -170,7 +171,7 @@ class SlicedVariableNode(ScopeNode):
       if self._row is not None:
         value = value[row]
       if self._padded_axes():
-        value = tf.slice(value, [0] * len(size), size)
+        value = slice_utils.tf_slice(value, [0] * len(size), size)
       return tf.cast(value, self._master_dtype)
 
   @property
@@ -192,6 +193,10 @@ class SlicedVariableNode(ScopeNode):
     slice_shape = self._mesh_impl.slice_shape(self._stored_shape)
     if self._row is not None:
       slice_shape = slice_shape[1:]
+    block_shape = slice_utils.static_shape(value)
+    if None not in block_shape:  # Static: any rank (slice_utils.tf_pad).
+      return slice_utils.tf_pad(value, [[0, s - b] for s, b in
+                                        zip(slice_shape, block_shape)])
     block_shape = tf.shape(value)
     return tf.pad(value, [[0, s - block_shape[i]]
                           for i, s in enumerate(slice_shape)])
@@ -218,7 +223,7 @@ class SlicedVariableNode(ScopeNode):
       for _, pnums in self.blocks():
         begin, size, _ = self._block(pnums[0])
         with tf.device("/cpu:0"):
-          block = tf.slice(full, begin, size) if size else full
+          block = slice_utils.tf_slice(full, begin, size) if size else full
         for pnum in pnums:
           ops.append(self.assign_block(pnum, block))
       if feed is None:

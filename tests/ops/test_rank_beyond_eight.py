@@ -243,3 +243,24 @@ def test_rank_10_variable_and_random_on_simd():
     np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
   np.testing.assert_array_equal(got["d_v"], (want["v"] > 0) * 1.0)
   np.testing.assert_array_equal(got["g"], want["v"][:, :, :, 1])
+
+
+def test_rank_10_checkpoint_restores_into_an_uneven_split(tmp_path):
+  """Restoring pads each processor's block back to its slice (Pad)."""
+  names = ["e0"] + _names(10)[1:]
+
+  def values(impl, scale):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    v = mtf.get_variable(mesh, "v", _shape(names),
+                         initializer=tf.random_normal_initializer(seed=1))
+    v = mtf.read_variable(v, dependencies=[mtf.assign(v, v * scale)])
+    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(v).numpy()
+
+  path = str(tmp_path / "ckpt")
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:2", SPLIT)
+  saved = values(impl, 3.0)
+  tf.train.Checkpoint(model=impl).write(path)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:2", SPLIT)
+  tf.train.Checkpoint(model=impl).restore(path).expect_partial()
+  np.testing.assert_array_equal(values(impl, 1.0), saved)
