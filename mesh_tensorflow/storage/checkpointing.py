@@ -96,6 +96,11 @@ def track(root, name, node):
     restore.fill(name, node)
 
 
+# TF's sliced checkpoints (TensorSlice) take at most 8 dimensions: RestoreV2
+# aborts the process on a block of a rank-9 tensor.
+_MAX_SLICED_RANK = 8
+
+
 def _slice_spec(full_shape, begin, size):
   """TF's "shape offsets,lengths:..." spec of one block of a tensor."""
   shape = " ".join(str(d) for d in full_shape)
@@ -230,6 +235,35 @@ class SlicedVariableNode(ScopeNode):
         return None
       return tf.group(*[op for op in ops if op is not None]), feed
 
+  @property
+  def saved_whole(self):
+    """Whether the checkpoint holds this split variable as one whole
+    tensor (assembled from its blocks when saved, cut into them when
+    restored): beyond the rank TF's sliced checkpoints take."""
+    return (self._shape.ndims > _MAX_SLICED_RANK and
+            self.blocks()[0][0] != "")
+
+  def read_full(self):
+    """The whole tensor, assembled from the processors' blocks (on the
+    CPU), in the master dtype."""
+    pieces = []
+    for _, pnums in self.blocks():
+      begin, _, _ = self._block(pnums[0])
+      pieces.append((tuple(begin), self.read_block(pnums[0])))
+    with tf.device("/cpu:0"):
+      return _assemble(pieces, 0)
+
+  def assign_from_full(self, value):
+    """Gives every processor its block of the whole tensor `value`."""
+    ops = []
+    for _, pnums in self.blocks():
+      begin, size, _ = self._block(pnums[0])
+      with tf.device("/cpu:0"):
+        block = slice_utils.tf_slice(value, begin, size)
+      for pnum in pnums:
+        ops.append(self.assign_block(pnum, block))
+    return ops
+
   def blocks(self):
     """[(slice spec, [pnums holding that block])]; spec "" if unsplit."""
     full = self._shape.to_integer_list
@@ -255,23 +289,43 @@ class _SlicedSaveable(saveable_object.SaveableObject):
   def __init__(self, node, name):
     self._node = node
     self._blocks = node.blocks()
-    specs = []
-    for spec, pnums in self._blocks:
-      pnum = pnums[0]
-      specs.append(saveable_object.SaveSpec(
-          functools.partial(node.read_block, pnum), spec, name,
-          dtype=node.master_dtype, device=node.device(pnum)))
+    self._whole = node.saved_whole
+    if self._whole:
+      specs = [saveable_object.SaveSpec(
+          node.read_full, "", name, dtype=node.master_dtype,
+          device="/cpu:0")]
+    else:
+      specs = [saveable_object.SaveSpec(
+          functools.partial(node.read_block, pnums[0]), spec, name,
+          dtype=node.master_dtype, device=node.device(pnums[0]))
+               for spec, pnums in self._blocks]
     saveable_object.SaveableObject.__init__(self, node, specs, name)
 
   def restore(self, restored_tensors, restored_shapes):
     del restored_shapes  # the variable's own shape is known
-    ops = []
-    for (_, pnums), value in zip(self._blocks, restored_tensors):
-      for pnum in pnums:
-        ops.append(self._node.assign_block(pnum, value))
+    if self._whole:
+      ops = self._node.assign_from_full(restored_tensors[0])
+    else:
+      ops = [self._node.assign_block(pnum, value)
+             for (_, pnums), value in zip(self._blocks, restored_tensors)
+             for pnum in pnums]
     if tf.executing_eagerly():
       return None
     return tf.group(*[op for op in ops if op is not None])
+
+
+def _assemble(pieces, axis):
+  """The tensor whose blocks are `pieces` ((begin, block) pairs forming a
+  grid): concatenated along each axis in turn."""
+  if len(pieces) == 1:
+    return pieces[0][1]
+  by_begin = {}
+  for begin, block in pieces:
+    by_begin.setdefault(begin[axis], []).append((begin, block))
+  if len(by_begin) == 1:
+    return _assemble(pieces, axis + 1)
+  return tf.concat([_assemble(by_begin[b], axis + 1)
+                    for b in sorted(by_begin)], axis)
 
 
 def _unescape(name):
