@@ -44,6 +44,7 @@ from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow.backend import padding
 from mesh_tensorflow.backend import placement_variables
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import collective_deadline
 from mesh_tensorflow.backend import simd_collectives
 from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.backend import tpu_collectives
@@ -244,16 +245,24 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       return dispatcher(*args)
 
   @contextlib.contextmanager
-  def collective_errors(self):
-    """Re-raises a host collective's timeout, inside, as a
+  def collective_errors(self, steps=1):
+    """Bounds the host collectives run inside (by collective_timeout_seconds
+    per step, for `steps` steps) and re-raises their timeout as a
     DeadlineExceededError naming this mesh, its devices and the limit.
 
     `run` called eagerly does this itself; a caller running `run` inside
     its own tf.function wraps the function's calls in this (the estimator
-    does).
+    does, with the steps of one loop).
     """
-    try:
+    if self._timeout is None:
       yield
+      return
+    try:
+      with collective_deadline.deadline(
+          self._timeout * max(1, steps),
+          f"{_mesh_name(self.shape)}: collectives waited longer than "
+          f"{self._timeout:g} s per step"):
+        yield
     except tf.errors.OpError as e:
       if self._timeout is None or not simd_collectives.is_timeout(e):
         raise

@@ -9,7 +9,11 @@ stops the test if it is ever called, so a regression fails instead of
 hanging the suite.
 """
 
-import numpy as np
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import tensorflow as tf
 
@@ -21,6 +25,7 @@ from tests import simulated_tpu
 from tests.estimator import toy_model
 
 CPUS = simulated_tpu.cpu_devices(8)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_simd_mesh_larger_than_the_devices_fails_at_once():
@@ -80,7 +85,14 @@ def test_estimator_with_a_simd_mesh_larger_than_the_devices_fails_at_once(
     est.train(toy_model.input_fn, steps=1)
 
 
-def test_every_host_collective_has_a_timeout():
+def _threads():
+  return len(os.listdir("/proc/self/task"))
+
+
+def test_host_collectives_hold_no_thread_per_call():
+  """TF's per-op collective timeout starts a thread per call that sleeps
+  for the whole timeout (thousands alive in a training run): by default
+  the ops have none, and one watchdog thread keeps every deadline."""
   impl = simd_mesh_impl.SimdMeshImpl("all:2", "batch:all")
 
   def program(x):
@@ -100,9 +112,62 @@ def test_every_host_collective_has_a_timeout():
   assert {op.type for op in collectives} == {"CollectiveReduceV2",
                                              "CollectiveGatherV2"}
   for op in collectives:
-    assert op.get_attr("timeout_seconds") == (
-        simd_collectives.DEFAULT_TIMEOUT_SECONDS), op.name
-  assert 0 < simd_collectives.DEFAULT_TIMEOUT_SECONDS < np.inf
+    assert op.get_attr("timeout_seconds") == 0, op.name
+  x = tf.range(4, dtype=tf.float32)
+  for _ in range(3):
+    impl.run(program, x)
+  before = _threads()
+  for _ in range(30):
+    total, _ = impl.run(program, x)
+  assert float(total) == 6.0
+  # Before: two more threads per processor and run (60 here).
+  assert _threads() - before < 10
+
+
+# A collective that never completes: processor 0 reduces with a group of 2
+# whose second member never comes. Run in a fresh process, since the abort
+# leaves that process's collectives unusable.
+_LONELY_COLLECTIVE = textwrap.dedent("""
+    import time
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from tensorflow.python.ops import collective_ops
+    from mesh_tensorflow import simd_mesh_impl
+    from mesh_tensorflow.backend import simd_collectives
+    simd_collectives.DEFAULT_TIMEOUT_SECONDS = 2.0
+    impl = simd_mesh_impl.SimdMeshImpl("all:2", "")
+
+    @tf.function
+    def lonely(x):
+      return collective_ops.all_reduce_v2(x, group_size=2, group_key=7,
+                                          instance_key=7)
+
+    start = time.monotonic()
+    try:
+      with impl.collective_errors(), tf.device("/cpu:0"):
+        lonely(tf.ones([2]))
+    except tf.errors.DeadlineExceededError as e:
+      print(round(time.monotonic() - start), e.message)
+""")
+
+
+def test_a_collective_that_never_completes_fails_at_its_deadline(tmp_path):
+  script = tmp_path / "lonely.py"
+  script.write_text(_LONELY_COLLECTIVE)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=os.pathsep.join(
+                 p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+  result = subprocess.run([sys.executable, str(script)], env=env,
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  seconds, message = result.stdout.strip().split(" ", 1)
+  assert 2 <= int(seconds) < 60
+  assert message.startswith("SimdMeshImpl for mesh all:2 (2 processors) on "
+                            "['/device:CPU:0', '/device:CPU:1']: a "
+                            "collective did not complete within 2 s"), message
 
 
 @pytest.mark.parametrize("value", [0, -1, float("inf")])

@@ -22,10 +22,14 @@ reordered to the listed order.
 Timeouts. A V2 collective waits until every member of its group has
 called it. A member that never does (a frozen or dead task of a cluster, a
 processor that took another branch) would leave the others waiting
-forever, so every collective here has a timeout (DEFAULT_TIMEOUT_SECONDS
-unless the mesh implementation is given another). When it fires TF raises
-DeadlineExceededError and aborts every collective of the process; later
-ones fail at once with the same cause. `is_timeout` recognises both.
+forever, so every call that runs collectives holds a deadline
+(module collective_deadline: DEFAULT_TIMEOUT_SECONDS per step unless the
+mesh implementation is given another), after which the process's
+collectives are aborted; later ones fail at once with the same cause.
+`is_timeout` recognises both. TF's own per-op timeout is used only when a
+timeout is given explicitly (a cluster, whose remote ops the local abort
+may not reach): it holds a thread per collective call for the timeout's
+length.
 """
 
 import math
@@ -118,14 +122,17 @@ class HostCollectives:
     pnum_fn: returns the processor-number tensor of the program being
       traced.
     token_fn: returns this program's ordering token (a resource handle).
-    timeout_seconds: fail a collective whose group does not complete it in
-      this time (None: DEFAULT_TIMEOUT_SECONDS).
+    timeout_seconds: the deadline of one step's collectives (None:
+      DEFAULT_TIMEOUT_SECONDS, kept by collective_deadline alone; a given
+      value also sets TF's per-op timeout, which costs a thread per
+      collective call while it lasts).
   """
 
   name = "host"
 
   def __init__(self, devices, pnum_fn, token_fn, timeout_seconds=None):
     self._timeout = check_timeout(timeout_seconds)
+    self._op_timeout = 0 if timeout_seconds is None else self._timeout
     self._devices = list(devices)
     self._pnum_fn = pnum_fn
     self._token_fn = token_fn
@@ -157,14 +164,14 @@ class HostCollectives:
     return collective_ops.all_reduce_v2(
         x, group_size, group_key, self._instance_key(),
         merge_op=_MERGE_OPS[reduction], final_op="Id",
-        ordering_token=self._token_fn(), timeout=self._timeout)
+        ordering_token=self._token_fn(), timeout=self._op_timeout)
 
   def _raw_all_gather(self, x, group_assignment):
     """all_gather_v2: the members' x on axis 0, in TF's rank order."""
     group_size, group_key = self._group(group_assignment)
     return collective_ops.all_gather_v2(
         x, group_size, group_key, self._instance_key(),
-        ordering_token=self._token_fn(), timeout=self._timeout)
+        ordering_token=self._token_fn(), timeout=self._op_timeout)
 
   def _rank_order(self, group_assignment):
     """int32 [group size]: entry r is the position in its listed group of
@@ -222,7 +229,7 @@ class HostCollectives:
     group_size, group_key = self._group(group_assignment)
     received = collective_ops.all_to_all_v2(
         send, group_size, group_key, self._instance_key(),
-        ordering_token=self._token_fn(), timeout=self._timeout)
+        ordering_token=self._token_fn(), timeout=self._op_timeout)
     return self._reorder_blocks(received, n,
                                 tf.math.invert_permutation(order))
 

@@ -580,7 +580,7 @@ class _EagerTraining:
 
   def loop(self, n):
     """Runs n steps; returns the last loss."""
-    with mesh_impls.collective_errors(self._mesh_impl):
+    with mesh_impls.collective_errors(self._mesh_impl, steps=n):
       return float(self._loop(self._iterator, tf.constant(n, tf.int32)))
 
   def write_scalar(self, name, value, step):

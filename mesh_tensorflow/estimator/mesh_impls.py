@@ -42,12 +42,13 @@ def make_mesh_impl(config, tpu=None):
       config.mesh_shape, config.layout, devices=config.devices)
 
 
-def collective_errors(mesh_impl):
-  """A context in which a SimdMeshImpl's collective timeout, raised by a
-  step function calling `mesh_impl.run`, names the mesh and the limit
-  (see SimdMeshImpl.collective_errors); nothing for other meshes."""
+def collective_errors(mesh_impl, steps=1):
+  """A context bounding the collectives of `steps` steps of a SimdMeshImpl
+  (its step function calls `mesh_impl.run`), whose timeout names the mesh
+  and the limit (see SimdMeshImpl.collective_errors); nothing for other
+  meshes."""
   explain = getattr(mesh_impl, "collective_errors", None)
-  return explain() if explain is not None else contextlib.nullcontext()
+  return explain(steps) if explain is not None else contextlib.nullcontext()
 
 
 def make_serving_mesh_impl(device="/device:CPU:0"):
