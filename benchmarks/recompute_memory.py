@@ -335,6 +335,9 @@ def _worst(peaks):
 
 def main(argv):
   args = parse_args(argv)
+  # A device per processor (SimdMeshImpl needs one), before TF starts.
+  bench_util.configure_logical_cpus(
+      max(1, _mtf().convert_to_shape(args.mesh).size))
   if args.child:
     run_child(args)
     return
