@@ -245,25 +245,28 @@ def test_rank_10_variable_and_random_on_simd():
   np.testing.assert_array_equal(got["g"], want["v"][:, :, :, 1])
 
 
+def _variable_values(impl, names, scale):
+  """Variable `v` of those dimensions, scaled in place by `scale`, read
+  back whole."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  v = mtf.get_variable(mesh, "v", _shape(names),
+                       initializer=tf.random_normal_initializer(seed=1))
+  v = mtf.read_variable(v, dependencies=[mtf.assign(v, v * scale)])
+  return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(v).numpy()
+
+
 def test_rank_10_checkpoint_restores_into_an_uneven_split(tmp_path):
   """Restoring pads each processor's block back to its slice (Pad)."""
   names = ["e0"] + _names(10)[1:]
 
-  def values(impl, scale):
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    v = mtf.get_variable(mesh, "v", _shape(names),
-                         initializer=tf.random_normal_initializer(seed=1))
-    v = mtf.read_variable(v, dependencies=[mtf.assign(v, v * scale)])
-    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(v).numpy()
-
   path = str(tmp_path / "ckpt")
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:2", SPLIT)
-  saved = values(impl, 3.0)
+  saved = _variable_values(impl, names, 3.0)
   tf.train.Checkpoint(model=impl).write(path)
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:2", SPLIT)
   tf.train.Checkpoint(model=impl).restore(path).expect_partial()
-  np.testing.assert_array_equal(values(impl, 1.0), saved)
+  np.testing.assert_array_equal(_variable_values(impl, names, 1.0), saved)
 
 
 def test_rank_10_split_checkpoint_restores_under_other_layouts(tmp_path):
@@ -272,17 +275,9 @@ def test_rank_10_split_checkpoint_restores_under_other_layouts(tmp_path):
   as one whole tensor, and restores under any layout."""
   names = _names(10)
 
-  def values(impl, scale):
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    v = mtf.get_variable(mesh, "v", _shape(names),
-                         initializer=tf.random_normal_initializer(seed=1))
-    v = mtf.read_variable(v, dependencies=[mtf.assign(v, v * scale)])
-    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(v).numpy()
-
   path = str(tmp_path / "ckpt")
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:2", SPLIT)
-  saved = values(impl, 3.0)
+  saved = _variable_values(impl, names, 3.0)
   tf.train.Checkpoint(model=impl).write(path)
   (key,) = [k for k, _ in tf.train.list_variables(path)
             if k.startswith("model/")]
@@ -291,4 +286,4 @@ def test_rank_10_split_checkpoint_restores_under_other_layouts(tmp_path):
                                             [("d1", "rows"), ("d3", "cols")])):
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules)
     tf.train.Checkpoint(model=impl).restore(path).expect_partial()
-    np.testing.assert_array_equal(values(impl, 1.0), saved)
+    np.testing.assert_array_equal(_variable_values(impl, names, 1.0), saved)
