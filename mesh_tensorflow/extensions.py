@@ -26,9 +26,6 @@ the mesh implementations) name no parallelism strategy. A strategy (see
    (`create_variable`), says in what shape an optimizer updates a variable
    (`update_view`) and checks the mesh implementation it is lowered on
    (`check_lowering`).
-5. Variable storage planners. `register_storage_planner(planner)` lets a
-   Lowering store several variables as one (autostack):
-   `planner(graph, mesh_to_impl, limits)` gives {Variable: group}.
 """
 
 import contextlib
@@ -118,7 +115,6 @@ class MeshExtension:
 
 _PROCESS_CREATORS = []
 _GRADIENT_REWRITES = []
-_STORAGE_PLANNERS = []
 _SCOPED = threading.local()
 
 
@@ -179,18 +175,3 @@ def register_gradient_rewrite(factory):
 def gradient_rewrites(operations, downstream):
   """The GradientRewrites of one `mtf.gradients` call."""
   return [factory(operations, downstream) for factory in _GRADIENT_REWRITES]
-
-
-def register_storage_planner(planner):
-  """Adds fn(graph, mesh_to_impl, limits) -> {Variable: group} (point 5)."""
-  if planner not in _STORAGE_PLANNERS:
-    _STORAGE_PLANNERS.append(planner)
-  return planner
-
-
-def plan_storage(graph, mesh_to_impl, limits):
-  """{Variable: storage group} from every registered planner."""
-  groups = {}
-  for planner in _STORAGE_PLANNERS:
-    groups.update(planner(graph, mesh_to_impl, limits))
-  return groups

@@ -16,6 +16,7 @@ from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow.backend import slice_utils
+from mesh_tensorflow.storage import autostack as autostack_lib
 
 _SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -28,7 +29,7 @@ class Lowering:
     mesh_to_impl: dict from each mtf.Mesh the graph uses to a MeshImpl.
     autostack: store same-shaped variables that are always assigned
       together as one stacked TF variable per processor, where the mesh
-      implementation supports it (see `mtf.strategies.autostack` and
+      implementation supports it (see `mesh_tensorflow.storage.autostack` and
       `autostack()`): fewer TF variables and ops, same results and
       checkpoints. A graph on which
       `rewrite_stack_variables` was called is stacked with the limits given
@@ -186,8 +187,8 @@ class Lowering:
     runs from the constructor.
     """
     limits = self.graph.stacking_limits or {}
-    self._stack_groups = extensions.plan_storage(self.graph,
-                                                 self.mesh_to_impl, limits)
+    self._stack_groups = autostack_lib.plan(self.graph, self.mesh_to_impl,
+                                            **limits)
 
   def stack_group(self, variable):
     """The group `variable` is stacked with in this lowering, or None."""

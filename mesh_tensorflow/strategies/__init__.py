@@ -14,11 +14,8 @@ from here.
   layers as one variable (a variable creator).
 - `data_parallel_sharding`: `mtf.shard_data_parallel`, sharded weight
   updates and parameters (ZeRO; a mesh extension).
-- `autostack`: same-shaped variables stored as one per processor (a
-  storage planner of the Lowering).
 """
 
-from mesh_tensorflow.strategies import autostack
 from mesh_tensorflow.strategies import data_parallel_sharding
 from mesh_tensorflow.strategies import gradient_batching
 from mesh_tensorflow.strategies import idle_slots

@@ -8,12 +8,12 @@ processor instead of one per variable. On large meshes that cuts the number
 of TF variables and ops, hence build time. Unlike the original library, the
 mtf graph is left as it is: stacking is a storage decision of the mesh
 implementation, so `graph.all_variables` and checkpoints (by mtf name) are
-the same with and without it.
+the same with and without it. The Lowering plans with it (its `autostack`
+argument, on by default, as in the original).
 """
 
 import collections
 
-from mesh_tensorflow import extensions
 from mesh_tensorflow.ops import variables as variables_lib
 
 # Like the original: stacking copies values, so by default only small
@@ -93,9 +93,3 @@ def plan(graph, mesh_to_impl,
       for v in chunk:
         result[v] = group
   return result
-
-
-@extensions.register_storage_planner
-def _plan_for_lowering(graph, mesh_to_impl, limits):
-  """The Lowering's storage planner (see extensions, point 5)."""
-  return plan(graph, mesh_to_impl, **limits)
