@@ -88,14 +88,14 @@ def _carry_text(n):
 
 
 def _carries(inputs):
-  from mesh_tensorflow.transformer import embedded_task  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer.data import embedded_task  # pylint: disable=g-import-not-at-top
   a, b = inputs.split("+")
   return embedded_task.count_carries(int(a), int(b))
 
 
 def _held_out_examples(per_carry):
   """The first `per_carry` held-out sums of each carry count."""
-  from mesh_tensorflow.transformer import embedded_task  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer.data import embedded_task  # pylint: disable=g-import-not-at-top
   examples = []
   for carries in range(MAX_DIGITS + 1):
     stream = embedded_task.addition_examples("validation", MAX_DIGITS,

@@ -14,10 +14,10 @@ configurables (optimizers, initializers) under the original's names.
 from mesh_tensorflow.transformer import adaptive_softmax
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import dataset
-from mesh_tensorflow.transformer import embedded_task
+from mesh_tensorflow.transformer.data import embedded_task
 from mesh_tensorflow.transformer import evolved_transformer
 from mesh_tensorflow.transformer import funnel_transformer
-from mesh_tensorflow.transformer import gin_bindings
+from mesh_tensorflow.transformer.binary import gin_bindings
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import memory_layers
 from mesh_tensorflow.transformer import moe

@@ -24,12 +24,12 @@ multiplies a table over query positions by one over memory positions.
 """
 
 # pylint: disable=unused-import,g-bad-import-order
-from mesh_tensorflow.transformer.multihead_attention import AttentionParams
-from mesh_tensorflow.transformer.multihead_attention import attention
-from mesh_tensorflow.transformer.multihead_attention import attention_params_simple
-from mesh_tensorflow.transformer.multihead_attention import maybe_reshape_attention_input_for_2d_sharding
-from mesh_tensorflow.transformer.multihead_attention import visibility_mask_to_attention_bias
-from mesh_tensorflow.transformer.attention_variants import hybrid_attention
-from mesh_tensorflow.transformer.attention_variants import synthetic_attention
-from mesh_tensorflow.transformer.local_attention import local_attention_1d
-from mesh_tensorflow.transformer.experts_attention_params import ExpertsAttentionParams
+from mesh_tensorflow.transformer.layers.multihead_attention import AttentionParams
+from mesh_tensorflow.transformer.layers.multihead_attention import attention
+from mesh_tensorflow.transformer.layers.multihead_attention import attention_params_simple
+from mesh_tensorflow.transformer.layers.multihead_attention import maybe_reshape_attention_input_for_2d_sharding
+from mesh_tensorflow.transformer.layers.multihead_attention import visibility_mask_to_attention_bias
+from mesh_tensorflow.transformer.layers.attention_variants import hybrid_attention
+from mesh_tensorflow.transformer.layers.attention_variants import synthetic_attention
+from mesh_tensorflow.transformer.layers.local_attention import local_attention_1d
+from mesh_tensorflow.transformer.layers.experts_attention_params import ExpertsAttentionParams

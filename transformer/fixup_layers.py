@@ -32,9 +32,9 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.transformer import attention
-from mesh_tensorflow.transformer import dense_layers
-from mesh_tensorflow.transformer import seeded_initializers
-from mesh_tensorflow.transformer import self_attention_layers
+from mesh_tensorflow.transformer.layers import dense_layers
+from mesh_tensorflow.transformer.layers import seeded_initializers
+from mesh_tensorflow.transformer.layers import self_attention_layers
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
 

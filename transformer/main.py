@@ -32,9 +32,9 @@ import gin
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import cluster as cluster_lib
-from mesh_tensorflow.transformer import config_errors
-from mesh_tensorflow.transformer import progress
-from mesh_tensorflow.transformer import run_devices
+from mesh_tensorflow.transformer.binary import config_errors
+from mesh_tensorflow.transformer.binary import progress
+from mesh_tensorflow.transformer.binary import run_devices
 from mesh_tensorflow.transformer import utils
 
 flags.DEFINE_string("model_dir", "/tmp/transformer_standalone",

@@ -16,8 +16,8 @@ dispatch becomes an all-to-all. The number of gating groups is chosen from
 import gin
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import moe_gating
-from mesh_tensorflow.transformer import moe_layers
+from mesh_tensorflow.transformer.layers import moe_gating
+from mesh_tensorflow.transformer.layers import moe_layers
 from mesh_tensorflow.transformer import transformer
 
 # pylint: disable=protected-access

@@ -29,7 +29,7 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import seeded_initializers
+from mesh_tensorflow.transformer.layers import seeded_initializers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.universal_transformer"

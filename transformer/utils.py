@@ -33,48 +33,48 @@ from mesh_tensorflow import estimator as estimator_lib
 from mesh_tensorflow.randomness import run_seed
 from mesh_tensorflow.transformer import dataset as transformer_dataset
 from mesh_tensorflow.transformer import learning_rate_schedules
-from mesh_tensorflow.transformer import run_auto_layout
-from mesh_tensorflow.transformer import run_devices
+from mesh_tensorflow.transformer.binary import run_auto_layout
+from mesh_tensorflow.transformer.binary import run_devices
 # The original's names, from the modules that now hold them.
 # pylint: disable=unused-import
-from mesh_tensorflow.transformer.run_checkpoints import flexible_ckpt_init_mapping
-from mesh_tensorflow.transformer.run_checkpoints import get_checkpoint_iterator
-from mesh_tensorflow.transformer.run_checkpoints import get_step_from_checkpoint_path
-from mesh_tensorflow.transformer.run_checkpoints import init_checkpoint_variable_mapping
-from mesh_tensorflow.transformer.run_checkpoints import should_load_variable
-from mesh_tensorflow.transformer.run_eval import eval_model
-from mesh_tensorflow.transformer.run_eval import perplexity_eval
-from mesh_tensorflow.transformer.run_inference import clean_decodes
-from mesh_tensorflow.transformer.run_inference import compute_log_likelihoods
-from mesh_tensorflow.transformer.run_inference import decode
-from mesh_tensorflow.transformer.run_inference import decode_from_dataset
-from mesh_tensorflow.transformer.run_inference import decode_from_file
-from mesh_tensorflow.transformer.run_inference import encode_delimited_lm
-from mesh_tensorflow.transformer.run_inference import encode_inputs
-from mesh_tensorflow.transformer.run_inference import export_model
-from mesh_tensorflow.transformer.run_inference import get_inputs_from_file
-from mesh_tensorflow.transformer.run_inference import infer_model
-from mesh_tensorflow.transformer.run_inference import maybe_add_pretokenized_features as _maybe_add_pretokenized_features
-from mesh_tensorflow.transformer.run_inference import write_lines_to_file
-from mesh_tensorflow.transformer.run_model_fn import _dynamic_text2self
-from mesh_tensorflow.transformer.run_model_fn import metric_max
-from mesh_tensorflow.transformer.run_model_fn import metric_sum
-from mesh_tensorflow.transformer.run_model_fn import tpu_estimator_model_fn
-from mesh_tensorflow.transformer.run_scoring import save_scores
-from mesh_tensorflow.transformer.run_scoring import score_from_dataset
-from mesh_tensorflow.transformer.run_scoring import score_from_strings
-from mesh_tensorflow.transformer.run_scoring import score_with_estimator
-from mesh_tensorflow.transformer.run_settings import auto_train_steps
-from mesh_tensorflow.transformer.run_settings import build_model
-from mesh_tensorflow.transformer.run_settings import compute_batch_size
-from mesh_tensorflow.transformer.run_settings import get_variable_dtype
-from mesh_tensorflow.transformer.run_settings import inputs_vocabulary
-from mesh_tensorflow.transformer.run_settings import MODEL_TYPES
-from mesh_tensorflow.transformer.run_settings import separate_vocabularies
-from mesh_tensorflow.transformer.run_settings import serialize_num_microbatches
-from mesh_tensorflow.transformer.run_settings import targets_vocabulary
-from mesh_tensorflow.transformer.run_settings import tpu_mesh_shape
-from mesh_tensorflow.transformer.run_settings import variable_filter_max_size
+from mesh_tensorflow.transformer.binary.run_checkpoints import flexible_ckpt_init_mapping
+from mesh_tensorflow.transformer.binary.run_checkpoints import get_checkpoint_iterator
+from mesh_tensorflow.transformer.binary.run_checkpoints import get_step_from_checkpoint_path
+from mesh_tensorflow.transformer.binary.run_checkpoints import init_checkpoint_variable_mapping
+from mesh_tensorflow.transformer.binary.run_checkpoints import should_load_variable
+from mesh_tensorflow.transformer.binary.run_eval import eval_model
+from mesh_tensorflow.transformer.binary.run_eval import perplexity_eval
+from mesh_tensorflow.transformer.binary.run_inference import clean_decodes
+from mesh_tensorflow.transformer.binary.run_inference import compute_log_likelihoods
+from mesh_tensorflow.transformer.binary.run_inference import decode
+from mesh_tensorflow.transformer.binary.run_inference import decode_from_dataset
+from mesh_tensorflow.transformer.binary.run_inference import decode_from_file
+from mesh_tensorflow.transformer.binary.run_inference import encode_delimited_lm
+from mesh_tensorflow.transformer.binary.run_inference import encode_inputs
+from mesh_tensorflow.transformer.binary.run_inference import export_model
+from mesh_tensorflow.transformer.binary.run_inference import get_inputs_from_file
+from mesh_tensorflow.transformer.binary.run_inference import infer_model
+from mesh_tensorflow.transformer.binary.run_inference import maybe_add_pretokenized_features as _maybe_add_pretokenized_features
+from mesh_tensorflow.transformer.binary.run_inference import write_lines_to_file
+from mesh_tensorflow.transformer.binary.run_model_fn import _dynamic_text2self
+from mesh_tensorflow.transformer.binary.run_model_fn import metric_max
+from mesh_tensorflow.transformer.binary.run_model_fn import metric_sum
+from mesh_tensorflow.transformer.binary.run_model_fn import tpu_estimator_model_fn
+from mesh_tensorflow.transformer.binary.run_scoring import save_scores
+from mesh_tensorflow.transformer.binary.run_scoring import score_from_dataset
+from mesh_tensorflow.transformer.binary.run_scoring import score_from_strings
+from mesh_tensorflow.transformer.binary.run_scoring import score_with_estimator
+from mesh_tensorflow.transformer.binary.run_settings import auto_train_steps
+from mesh_tensorflow.transformer.binary.run_settings import build_model
+from mesh_tensorflow.transformer.binary.run_settings import compute_batch_size
+from mesh_tensorflow.transformer.binary.run_settings import get_variable_dtype
+from mesh_tensorflow.transformer.binary.run_settings import inputs_vocabulary
+from mesh_tensorflow.transformer.binary.run_settings import MODEL_TYPES
+from mesh_tensorflow.transformer.binary.run_settings import separate_vocabularies
+from mesh_tensorflow.transformer.binary.run_settings import serialize_num_microbatches
+from mesh_tensorflow.transformer.binary.run_settings import targets_vocabulary
+from mesh_tensorflow.transformer.binary.run_settings import tpu_mesh_shape
+from mesh_tensorflow.transformer.binary.run_settings import variable_filter_max_size
 # pylint: enable=unused-import
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.randomness import tf_initializers
-from mesh_tensorflow.transformer import dense_layers
+from mesh_tensorflow.transformer.layers import dense_layers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.vocab_embeddings"

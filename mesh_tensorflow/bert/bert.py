@@ -42,7 +42,7 @@ from mesh_tensorflow.layers import layer_helpers
 from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.transformer import moe
 # T5's relative position buckets, which BERT's relative configs use too.
-from mesh_tensorflow.transformer.self_attention_layers import relative_position_bucket
+from mesh_tensorflow.transformer.layers.self_attention_layers import relative_position_bucket
 
 # Google's BERT JSON keys -> BertConfig parameters.
 _GOOGLE_KEYS = {

@@ -18,8 +18,8 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator
 from mesh_tensorflow.bert import google_checkpoint
-from mesh_tensorflow.transformer import config_errors
-from mesh_tensorflow.transformer import run_devices
+from mesh_tensorflow.transformer.binary import config_errors
+from mesh_tensorflow.transformer.binary import run_devices
 
 FLAGS = flags.FLAGS
 

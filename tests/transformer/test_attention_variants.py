@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import dense_layers
+from mesh_tensorflow.transformer.layers import dense_layers
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
 from tests import mtf_testing

@@ -26,10 +26,10 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import api as auto_mtf_api
 from mesh_tensorflow.auto_mtf import calibration_subprocess
 from mesh_tensorflow.auto_mtf import machine
-from mesh_tensorflow.transformer import embedded_task
+from mesh_tensorflow.transformer.data import embedded_task
 from mesh_tensorflow.transformer import main as main_lib
-from mesh_tensorflow.transformer import run_auto_layout
-from mesh_tensorflow.transformer import run_devices
+from mesh_tensorflow.transformer.binary import run_auto_layout
+from mesh_tensorflow.transformer.binary import run_devices
 from tests.transformer import test_main
 
 LM_FILES = ["models/lm_base.gin", "problems/addition.gin"]

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import mesh_tensorflow.transformer
 from mesh_tensorflow.transformer import dataset
-from mesh_tensorflow.transformer import embedded_task
+from mesh_tensorflow.transformer.data import embedded_task
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary
 

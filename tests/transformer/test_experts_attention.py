@@ -82,7 +82,7 @@ def test_experts_attention_same_under_layouts(layer_cls, kwargs):
 
 def test_experts_attention_params_is_reexported():
   # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import experts_attention_params
+  from mesh_tensorflow.transformer.layers import experts_attention_params
   assert (attention.ExpertsAttentionParams
           is experts_attention_params.ExpertsAttentionParams)
 

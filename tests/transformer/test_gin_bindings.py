@@ -18,7 +18,7 @@ import pytest
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import configurable
-from mesh_tensorflow.transformer import gin_bindings
+from mesh_tensorflow.transformer.binary import gin_bindings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

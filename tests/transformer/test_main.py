@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import embedded_task
+from mesh_tensorflow.transformer.data import embedded_task
 from mesh_tensorflow.transformer import main as main_lib
 from mesh_tensorflow.transformer import utils
 

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import run_checkpoints
-from mesh_tensorflow.transformer import run_model_fn
+from mesh_tensorflow.transformer.binary import run_checkpoints
+from mesh_tensorflow.transformer.binary import run_model_fn
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary
 

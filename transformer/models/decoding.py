@@ -13,7 +13,7 @@ attention) and constant states, then decode one position per step in
 import mesh_tensorflow as mtf
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import layer_stack
+from mesh_tensorflow.transformer.models import layer_stack
 
 # These functions are the Unitransformer's methods and its helpers: they
 # call its _call_internal.

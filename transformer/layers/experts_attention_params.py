@@ -11,7 +11,7 @@ the usual one. The MoE's balancing loss goes to `context.losses`.
 """
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import multihead_attention
+from mesh_tensorflow.transformer.layers import multihead_attention
 from mesh_tensorflow.transformer import moe
 
 # pylint: disable=protected-access

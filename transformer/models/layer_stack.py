@@ -22,14 +22,14 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
-from mesh_tensorflow.transformer.sublayers import sublayer_call_layer
-from mesh_tensorflow.transformer.sublayers import sublayer_dropout
-from mesh_tensorflow.transformer.sublayers import sublayer_legacy_dropout
-from mesh_tensorflow.transformer.sublayers import sublayer_legacy_final_rms_norm
-from mesh_tensorflow.transformer.sublayers import sublayer_legacy_rms_norm
-from mesh_tensorflow.transformer.sublayers import sublayer_mask_padding
-from mesh_tensorflow.transformer.sublayers import sublayer_residual
-from mesh_tensorflow.transformer.sublayers import sublayer_rms_norm
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_call_layer
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_dropout
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_legacy_dropout
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_legacy_final_rms_norm
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_legacy_rms_norm
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_mask_padding
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_residual
+from mesh_tensorflow.transformer.layers.sublayers import sublayer_rms_norm
 
 # Gin registers the configurables here (and stacks defined elsewhere, such
 # as PipelinedLayerStack) under the original's module.

@@ -18,9 +18,9 @@ import tensorflow as tf
 
 from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
-from mesh_tensorflow.transformer import run_checkpoints
-from mesh_tensorflow.transformer import run_features
-from mesh_tensorflow.transformer import run_inference
+from mesh_tensorflow.transformer.binary import run_checkpoints
+from mesh_tensorflow.transformer.binary import run_features
+from mesh_tensorflow.transformer.binary import run_inference
 
 
 _text = run_inference.as_text

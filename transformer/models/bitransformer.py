@@ -10,9 +10,9 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
-from mesh_tensorflow.transformer import layer_stack
-from mesh_tensorflow.transformer import model_helpers
-from mesh_tensorflow.transformer import unitransformer
+from mesh_tensorflow.transformer.models import layer_stack
+from mesh_tensorflow.transformer.models import model_helpers
+from mesh_tensorflow.transformer.models import unitransformer
 
 _MODULE = "mesh_tensorflow.transformer.transformer"
 

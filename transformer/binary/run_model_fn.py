@@ -34,9 +34,9 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.estimator import estimator_spec
 from mesh_tensorflow.estimator import metrics
 from mesh_tensorflow.estimator.mode_keys import ModeKeys
-from mesh_tensorflow.transformer import run_features
-from mesh_tensorflow.transformer import run_inference
-from mesh_tensorflow.transformer import run_settings
+from mesh_tensorflow.transformer.binary import run_features
+from mesh_tensorflow.transformer.binary import run_inference
+from mesh_tensorflow.transformer.binary import run_settings
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"

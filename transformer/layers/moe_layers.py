@@ -22,7 +22,7 @@ from absl import logging
 
 import mesh_tensorflow as mtf
 
-from mesh_tensorflow.transformer import moe_gating
+from mesh_tensorflow.transformer.layers import moe_gating
 
 # pylint: disable=protected-access
 

@@ -14,8 +14,8 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import seeded_initializers
-from mesh_tensorflow.transformer import self_attention_layers
+from mesh_tensorflow.transformer.layers import seeded_initializers
+from mesh_tensorflow.transformer.layers import self_attention_layers
 
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
 _DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")

@@ -8,7 +8,7 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import self_attention_layers
+from mesh_tensorflow.transformer.layers import self_attention_layers
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"

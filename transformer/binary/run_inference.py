@@ -18,9 +18,9 @@ import tensorflow as tf
 from mesh_tensorflow.estimator import export
 from mesh_tensorflow.estimator import host_values
 from mesh_tensorflow.transformer import dataset as transformer_dataset
-from mesh_tensorflow.transformer import run_checkpoints
-from mesh_tensorflow.transformer import run_features
-from mesh_tensorflow.transformer import run_settings
+from mesh_tensorflow.transformer.binary import run_checkpoints
+from mesh_tensorflow.transformer.binary import run_features
+from mesh_tensorflow.transformer.binary import run_settings
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 

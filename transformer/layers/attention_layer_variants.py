@@ -21,9 +21,9 @@ import gin
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import attention
-from mesh_tensorflow.transformer import dense_layers
-from mesh_tensorflow.transformer import seeded_initializers
-from mesh_tensorflow.transformer import self_attention_layers
+from mesh_tensorflow.transformer.layers import dense_layers
+from mesh_tensorflow.transformer.layers import seeded_initializers
+from mesh_tensorflow.transformer.layers import self_attention_layers
 
 import tensorflow as tf
 

@@ -25,8 +25,8 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import run_features
-from mesh_tensorflow.transformer import run_settings
+from mesh_tensorflow.transformer.binary import run_features
+from mesh_tensorflow.transformer.binary import run_settings
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 AUTO = "auto"

@@ -7,8 +7,8 @@ the original's names). See `experts_attention_params` for the computation.
 import gin
 
 from mesh_tensorflow.transformer import moe
-from mesh_tensorflow.transformer import experts_attention_params
-from mesh_tensorflow.transformer import self_attention_layers
+from mesh_tensorflow.transformer.layers import experts_attention_params
+from mesh_tensorflow.transformer.layers import self_attention_layers
 
 _GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
 

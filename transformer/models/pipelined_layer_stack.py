@@ -32,7 +32,7 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import layer_stack as layer_stack_lib
+from mesh_tensorflow.transformer.models import layer_stack as layer_stack_lib
 
 STAGE_DIM_NAME = "stage"
 

@@ -6,7 +6,7 @@ Re-exported from `mesh_tensorflow.transformer.attention`.
 import mesh_tensorflow as mtf
 import tensorflow as tf
 
-from mesh_tensorflow.transformer import multihead_attention
+from mesh_tensorflow.transformer.layers import multihead_attention
 
 
 def local_attention_1d(q,

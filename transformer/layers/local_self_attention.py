@@ -13,7 +13,7 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.transformer import attention
-from mesh_tensorflow.transformer import self_attention_layers
+from mesh_tensorflow.transformer.layers import self_attention_layers
 from mesh_tensorflow.transformer import transformer
 
 

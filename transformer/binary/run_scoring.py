@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.transformer import dataset as transformer_dataset
-from mesh_tensorflow.transformer import run_checkpoints
-from mesh_tensorflow.transformer import run_features
-from mesh_tensorflow.transformer import run_inference
-from mesh_tensorflow.transformer import run_settings
+from mesh_tensorflow.transformer.binary import run_checkpoints
+from mesh_tensorflow.transformer.binary import run_features
+from mesh_tensorflow.transformer.binary import run_inference
+from mesh_tensorflow.transformer.binary import run_settings
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 

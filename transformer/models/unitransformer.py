@@ -11,9 +11,9 @@ import mesh_tensorflow as mtf
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
-from mesh_tensorflow.transformer import decoding
-from mesh_tensorflow.transformer import layer_stack
-from mesh_tensorflow.transformer import model_helpers
+from mesh_tensorflow.transformer.models import decoding
+from mesh_tensorflow.transformer.models import layer_stack
+from mesh_tensorflow.transformer.models import model_helpers
 
 _MODULE = "mesh_tensorflow.transformer.transformer"
 
