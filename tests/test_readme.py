@@ -525,7 +525,8 @@ def test_error_message_example_is_the_real_one():
 
 def test_repository_layout_names_real_paths():
   """The layout's entries exist, and it names every top-level folder, every
-  subpackage of mesh_tensorflow and every file of docs/."""
+  subpackage of mesh_tensorflow and of transformer/, and every file of
+  docs/."""
   text = block("mesh_tensorflow/        the package")
   named, folder, docs_text = [], "", ""
   for line in text.splitlines():
@@ -550,9 +551,10 @@ def test_repository_layout_names_real_paths():
   for top in ("mesh_tensorflow", "transformer", "examples", "tests",
               "benchmarks", "docs", "tools"):
     assert f"{top}/" in named, top
-  packages = sorted(p.parent.name for p in
-                    (ROOT / "mesh_tensorflow").glob("*/__init__.py"))
-  unnamed = [p for p in packages if f"mesh_tensorflow/{p}/" not in named]
+  packages = sorted(str(p.parent.relative_to(ROOT)) + "/"
+                    for top in ("mesh_tensorflow", "transformer")
+                    for p in (ROOT / top).glob("*/__init__.py"))
+  unnamed = [p for p in packages if p not in named]
   assert not unnamed, f"the repository layout lacks {unnamed}"
   doc_names = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
   assert [d for d in doc_names if d not in docs_text] == []

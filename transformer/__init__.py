@@ -1,14 +1,23 @@
 """The Transformer package, installed as `mesh_tensorflow.transformer`.
 
-`transformer` holds the models (Unitransformer, Bitransformer) and the layer
-stack; `transformer_layers` and `attention` the layers; `moe` mixture of
-experts; `vocab_embeddings` embedding variants; `learning_rate_schedules` the
-schedules; `utils` builds models from gin; `dataset` the tf.data input
-pipelines (packing, padding, encoding); `vocabulary` turns text into ids and
-back; `embedded_task` is the default data (addition written as text). Every
-gin configurable has the original's name, so the original's gin files
-(shipped in `gin/`) parse unchanged; `gin_bindings` registers the core's
-configurables (optimizers, initializers) under the original's names.
+The top level keeps the original's module paths, which programs import:
+`transformer` (the models and the layer stack), `transformer_layers` and
+`attention` (the layers), `moe` mixture of experts, `vocab_embeddings`
+embedding variants, `learning_rate_schedules`, `utils` (builds and runs
+models from gin), `main` (the binary), `dataset` (the tf.data input
+pipelines), `vocabulary` (text to ids and back), and the original's model
+variants (adaptive_softmax, evolved_transformer, fixup_layers,
+funnel_transformer, memory_layers, universal_transformer).
+
+This project's modules sit in subpackages by role, and the modules above
+re-export their names: `models/` (layer stacks, Unitransformer,
+Bitransformer, decoding), `layers/` (the layers by family, sublayers, MoE
+internals), `binary/` (the parts of `utils.run`, its progress display,
+`gin_bindings`, which registers the core's configurables under the
+original's names, and `config_errors`), `data/` (`embedded_task`, the
+default data: addition written as text). Every gin configurable has the
+original's name, so the original's gin files (shipped in `gin/`) parse
+unchanged.
 """
 
 from mesh_tensorflow.transformer import adaptive_softmax
