@@ -64,8 +64,10 @@ from mesh_tensorflow.shape import verify_no_new_dims
 from mesh_tensorflow.version import __version__
 
 # The strategies beyond the original (pipelining, layer stacking,
-# data-parallel sharding, gradient batching, autostack), plugged into the
-# core through mesh_tensorflow.extensions; importing them registers them.
+# data-parallel sharding, gradient batching), plugged into the core through
+# mesh_tensorflow.extensions. Importing them registers nothing: each is
+# active where a program asks for it (a scope, a graph, a mesh, an
+# annotated operation); see tests/test_import_registrations.py.
 from mesh_tensorflow import strategies  # pylint: disable=g-bad-import-order
 from mesh_tensorflow.strategies import DataParallelSharding  # pylint: disable=g-bad-import-order
 from mesh_tensorflow.strategies import pipeline  # pylint: disable=g-bad-import-order

@@ -10,8 +10,9 @@ the mesh implementations) name no parallelism strategy. A strategy (see
    inside every annotation's `lowering_scope`, and `mtf.gradients` gives
    every annotation the operations its operation's gradient created
    (`gradient_created`), without knowing who set them.
-2. Gradient rewrites. `register_gradient_rewrite(factory)` adds a rewrite
-   of `mtf.gradients`: per call, `factory(operations, downstream)` gives a
+2. Gradient rewrites, declared by an annotation class: its
+   `gradient_rewrite(operations, downstream)` gives, per `mtf.gradients`
+   call over operations one of which carries such an annotation, a
    `GradientRewrite` that may take over the gradient of some operations
    and deliver their terms later, e.g. summed by one einsum.
 3. Variable creators. Every `mtf.get_variable` (and every optimizer slot)
@@ -19,8 +20,8 @@ the mesh implementations) name no parallelism strategy. A strategy (see
    each of which may rewrite the `VariableRequest` (name, shape, storage
    shape, initializer, member names) and the value it returns:
    `variable_creator_scope(creator)` for a block of code,
-   `register_variable_creator(creator)` for the whole process, and mesh
-   extensions (below) for one mesh's variables.
+   `graph.add_variable_creator(creator)` for one graph's variables, and
+   mesh extensions (below) for one mesh's variables.
 4. Mesh extensions. `mesh.add_extension(extension)` attaches a
    `MeshExtension` to an `mtf.Mesh`: it creates that mesh's variables
    (`create_variable`), says in what shape an optimizer updates a variable
@@ -47,6 +48,11 @@ class Annotation:
 
   def gradient_created(self, operation, created):
     """Called with the operations `operation`'s gradient created."""
+
+  # fn(operations, downstream) -> GradientRewrite, or None: the rewrite of
+  # mtf.gradients (point 2) that operations annotated so ask for. A
+  # subclass declares it as a staticmethod.
+  gradient_rewrite = None
 
 
 class GradientRewrite:
@@ -113,8 +119,6 @@ class MeshExtension:
     """Raises if `mesh` cannot be lowered on `mesh_impl`."""
 
 
-_PROCESS_CREATORS = []
-_GRADIENT_REWRITES = []
 _SCOPED = threading.local()
 
 
@@ -144,17 +148,11 @@ def variable_creator_scope(creator):
     creators.pop()
 
 
-def register_variable_creator(creator):
-  """Adds a creator (as in `variable_creator_scope`) for the process."""
-  if creator not in _PROCESS_CREATORS:
-    _PROCESS_CREATORS.append(creator)
-  return creator
-
-
 def create_variable(request, base_creator):
   """Runs `request` through the creators, innermost scope first, then the
-  process's and the mesh's, ending in `base_creator(request)`."""
-  chain = (list(reversed(_scoped_creators())) + list(_PROCESS_CREATORS) +
+  graph's and the mesh's, ending in `base_creator(request)`."""
+  chain = (list(reversed(_scoped_creators())) +
+           list(request.mesh.graph.variable_creators) +
            [ext.create_variable for ext in request.mesh.extensions])
 
   def call(index, req):
@@ -165,13 +163,13 @@ def create_variable(request, base_creator):
   return call(0, request)
 
 
-def register_gradient_rewrite(factory):
-  """Adds fn(operations, downstream) -> GradientRewrite (point 2)."""
-  if factory not in _GRADIENT_REWRITES:
-    _GRADIENT_REWRITES.append(factory)
-  return factory
-
-
 def gradient_rewrites(operations, downstream):
-  """The GradientRewrites of one `mtf.gradients` call."""
-  return [factory(operations, downstream) for factory in _GRADIENT_REWRITES]
+  """The GradientRewrites of one `mtf.gradients` call: one per annotation
+  class with a `gradient_rewrite` that some operation carries."""
+  factories = []
+  for op in operations:
+    for annotation in op.annotations:
+      factory = type(annotation).gradient_rewrite
+      if factory is not None and factory not in factories:
+        factories.append(factory)
+  return [factory(operations, downstream) for factory in factories]

@@ -2,10 +2,10 @@
 
 `gradients(ys, xs)` walks the operations backwards from `ys`, asking each
 operation for the gradients of its inputs (built from more mtf operations),
-and sums the contributions that reach the same tensor. Registered gradient
-rewrites may take over some operations' gradients and deliver their terms
-later, and operations' annotations see the operations their gradients
-create (see mesh_tensorflow.extensions).
+and sums the contributions that reach the same tensor. The gradient
+rewrites that operations' annotations declare may take over some
+operations' gradients and deliver their terms later, and the annotations
+see the operations their gradients create (see mesh_tensorflow.extensions).
 """
 
 from mesh_tensorflow import extensions

@@ -35,9 +35,22 @@ def _forget_default_scope_names(scope):
 
 
 class Graph:
-  """A container of mtf operations, tensors and variables."""
+  """A container of mtf operations, tensors and variables.
 
-  def __init__(self):
+  Args:
+    batch_gradients: whether `mtf.gradients` sums the repeated gradient
+      terms of a weight from einsums marked for it (`mtf.pipeline(...,
+      batch_weight_gradients=True)`, see mtf.strategies.gradient_batching)
+      with one einsum each, as it does by default; False computes every
+      term on its own. The same sums either way, up to float round-off.
+      Also an attribute, which a program may set before `mtf.gradients`.
+  """
+
+  def __init__(self, batch_gradients=True):
+    self.batch_gradients = bool(batch_gradients)
+    # Creators of this graph's variables that the program switched on (see
+    # add_variable_creator).
+    self._variable_creators = []
     self._operations = []
     self._trainable_variables = []
     self._all_variables = []
@@ -72,6 +85,24 @@ class Graph:
     """{full name: Variable} of the variables, as a read-only live view:
     get_variable looks up every name here, so reading it copies nothing."""
     return self._name_to_variable_view
+
+  @property
+  def variable_creators(self):
+    """The creators `add_variable_creator` gave this graph, in order."""
+    return tuple(self._variable_creators)
+
+  def add_variable_creator(self, creator):
+    """Runs every later variable creation in this graph through `creator`.
+
+    `creator(next_creator, request)` is as in
+    `extensions.variable_creator_scope`; it runs after the scoped creators
+    and before the mesh's extensions. A strategy adds one when the program
+    uses it on this graph (layer stacking, for the optimizer slots of its
+    variables). Adding the same creator twice adds it once.
+    """
+    if creator not in self._variable_creators:
+      self._variable_creators.append(creator)
+    return creator
 
   @property
   def captured_variable_scope(self):

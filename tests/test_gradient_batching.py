@@ -59,9 +59,9 @@ def test_batched_gradients_are_the_sum_of_the_terms(mesh_shape, layout, mode):
                        mode)
 
 
-def _gradient_graph(build_uses):
+def _gradient_graph(build_uses, **graph_kwargs):
   """(graph, gradient of w) of sum(uses) for `build_uses(x, w)`."""
-  graph = mtf.Graph()
+  graph = mtf.Graph(**graph_kwargs)
   mesh = mtf.Mesh(graph, "mesh")
   x, w = (
       mtf_testing.import_array(mesh, array, [
@@ -93,6 +93,16 @@ def test_unmarked_uses_keep_one_term_each():
   assert len(_einsums_into(graph, grad_w.shape)) == T
   assert not any(gradient_batching.TERMS_DIM_NAME in x.shape.dimension_names
                  for op in graph.operations for x in op.outputs)
+
+
+def test_a_graph_made_without_batch_gradients_keeps_one_term_each():
+  """Batching is the graph's default, and its setting: off, marked uses
+  are differentiated as unmarked ones."""
+  assert mtf.Graph().batch_gradients
+  graph, grad_w = _gradient_graph(_uses, batch_gradients=False)
+  assert not graph.batch_gradients
+  assert "batched_gradient" not in grad_w.operation.name
+  assert len(_einsums_into(graph, grad_w.shape)) == T
 
 
 def test_uses_with_other_keys_or_shapes_are_summed_apart():

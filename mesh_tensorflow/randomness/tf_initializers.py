@@ -75,22 +75,31 @@ _DRAWS = {
 }
 
 
-# seed -> the full name it was computed from (see seed_of_name).
-_SEED_NAMES = {}
+class NameSeed(int):
+  """A seed computed from a full (scoped) variable name, the `origin` it
+  keeps, so that the initializer it seeds can carry that name (see
+  `seeded`). In every other respect it is the int it equals."""
+
+  def __new__(cls, value, origin):
+    seed = super().__new__(cls, value)
+    seed.origin = origin
+    return seed
+
+  def __getnewargs__(self):
+    return int(self), self.origin
 
 
 def seed_of_name(full_name):
   """The seed of full (scoped) name `full_name` under the run seed (see
-  run_seed), remembered so that a layer-stacked variable can re-seed an
-  initializer per member (see mtf.strategies.layer_stacking)."""
-  seed = run_seed.name_crc32(full_name) & 0x7FFFFFFF
-  _SEED_NAMES[seed] = full_name
-  return seed
+  run_seed), a NameSeed remembering `full_name`: the initializers it seeds
+  carry the name as `seed_origin`, so that a layer-stacked variable can
+  re-seed one per member (see mtf.strategies.layer_stacking)."""
+  return NameSeed(run_seed.name_crc32(full_name) & 0x7FFFFFFF, full_name)
 
 
-def seed_name(seed):
+def seed_origin(seed):
   """The full name `seed` was computed from by seed_of_name, or None."""
-  return _SEED_NAMES.get(seed)
+  return getattr(seed, "origin", None)
 
 
 def name_seed(name):
@@ -107,7 +116,8 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
     tf1_name: one of "random_normal_initializer",
       "truncated_normal_initializer", "random_uniform_initializer",
       "glorot_uniform_initializer".
-    seed: a Python int (see `name_seed`).
+    seed: a Python int (see `name_seed`; a seed from a name gives the
+      initializer that name as `seed_origin`).
     stream: a Python int; TF's own initializers draw with the stateless seed
       [seed, stream] (layers keep apart the streams of their kinds of
       variables).
@@ -115,8 +125,9 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
 
   Returns:
     an initializer fn(shape, dtype) giving the full initial value (drawn in
-    float32, then cast to dtype). TF's own carry `seed` and
-    `with_seed(seed)` (the same initializer with another seed).
+    float32, then cast to dtype). TF's own carry `seed`, `seed_origin`
+    (the name the seed was computed from, or None) and `with_seed(seed)`
+    (the same initializer with another seed).
   """
   if tf1_name not in _DRAWS:
     raise ValueError(f"No seeded form of tf.compat.v1.{tf1_name}; use one of "
@@ -125,6 +136,8 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
   tf1_class, draw = _DRAWS[tf1_name]
   if factory is not tf1_class:
     return factory(**kwargs)
+  origin = seed_origin(seed)
+  seed = int(seed)
   config = tf1_class(seed=seed, **kwargs).get_config()
 
   def initializer(shape, dtype=tf.float32, **unused_kwargs):
@@ -132,6 +145,7 @@ def seeded(tf1_name, seed, stream=0, **kwargs):
     return tf.cast(values, tf.as_dtype(dtype or tf.float32))
 
   initializer.seed = seed
+  initializer.seed_origin = origin
   initializer.with_seed = lambda new_seed: seeded(tf1_name, new_seed, stream,
                                                   **kwargs)
   return initializer
@@ -179,18 +193,20 @@ def seed_unseeded(initializer, full_name):
   construction (Keras), so the same program would start differently under
   each layout and on each trace. Seeded by the name (and the run seed, see
   seed_of_name) they give the same start everywhere, with their own
-  distribution and parameters. The result carries `seed` and
-  `with_seed(seed)`, as `seeded`'s initializers do, so that a layer-stacked
-  variable seeds each member by its own name. Anything else (None, a value,
-  a seeded or a user's own initializer) is returned unchanged.
+  distribution and parameters. The result carries `seed`, `seed_origin`
+  and `with_seed(seed)`, as `seeded`'s initializers do, so that a
+  layer-stacked variable seeds each member by its own name. Anything else
+  (None, a value, a seeded or a user's own initializer) is returned
+  unchanged.
   """
   make = _stateless_maker(initializer)
   if make is None:
     return initializer
 
   def seeded_copy(seed):
-    copy = make(seed)
+    copy = make(int(seed))
     copy.with_seed = seeded_copy
+    copy.seed_origin = seed_origin(seed)
     return copy
 
   return seeded_copy(seed_of_name(full_name))

@@ -11,11 +11,13 @@ one all-reduce. The price is memory: every term's operands stay alive until
 the last one is known (the end of the backward pass through the uses).
 
 Einsums opt in with `mark(operation, key)` (mtf.pipeline marks its stages'
-einsums when asked: batch_weight_gradients=True), an annotation. A gradient
-rewrite registered with `mtf.gradients` (see mesh_tensorflow.extensions)
-then defers the terms that reach one tensor from two or more marked einsums
-of one key and the same operand shapes, and sums each such group with one
-einsum.
+einsums when asked: batch_weight_gradients=True), an annotation. The
+annotation declares a gradient rewrite (see mesh_tensorflow.extensions,
+point 2): `mtf.gradients` over marked einsums defers the terms that reach
+one tensor from two or more marked einsums of one key and the same operand
+shapes, and sums each such group with one einsum. It is a default of the
+graph: `mtf.Graph(batch_gradients=False)` (or `graph.batch_gradients =
+False`) computes each term on its own instead.
 """
 
 import dataclasses
@@ -33,6 +35,11 @@ TERMS_DIM_NAME = "gradient_terms"
 class GradientBatchKey(extensions.Annotation):
   """The group an einsum's gradient terms may be batched in."""
   key: Any
+
+  @staticmethod
+  def gradient_rewrite(operations, downstream):
+    """The rewrite of one `mtf.gradients` call (extensions, point 2)."""
+    return PendingTerms(deferred_inputs(operations, downstream))
 
 
 def mark(operation, key):
@@ -56,11 +63,12 @@ def _signature(operation, index):
 
 def deferred_inputs(operations, downstream):
   """The (operation, input index) pairs whose gradient terms are batched:
-  inputs of marked einsums, in `downstream`, floating, reached by at least
-  one other marked einsum's term of the same signature."""
+  inputs of marked einsums of graphs that batch gradients, in `downstream`,
+  floating, reached by at least one other marked einsum's term of the same
+  signature."""
   groups = {}
   for op in operations:
-    if (_key(op) is None or
+    if (_key(op) is None or not op.graph.batch_gradients or
         not isinstance(op, contractions.EinsumOperation)):
       continue
     for i, x in enumerate(op.inputs):
@@ -126,8 +134,3 @@ def _batched_einsum(terms, output_shape):
   return contractions.einsum(stacked, output_shape=output_shape,
                              name="batched_gradient")
 
-
-@extensions.register_gradient_rewrite
-def _batched_terms(operations, downstream):
-  """The rewrite of one `mtf.gradients` call (extensions, point 2)."""
-  return PendingTerms(deferred_inputs(operations, downstream))

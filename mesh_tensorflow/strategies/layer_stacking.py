@@ -96,11 +96,16 @@ def stack_layer_variables(stack_dim, member_names_fn, row=None):
     raise ValueError(f"stack_layer_variables(None): row={row!r} needs a "
                      "stack dimension.")
   frames = _stack()
-  frames.append((stack_dim, member_names_fn, row))
-  try:
-    yield
-  finally:
-    frames.pop()
+  with contextlib.ExitStack() as stack:
+    if not frames:
+      # The outermost scope switches the creator on for its block.
+      stack.enter_context(
+          extensions.variable_creator_scope(_create_layer_stacked))
+    frames.append((stack_dim, member_names_fn, row))
+    try:
+      yield
+    finally:
+      frames.pop()
 
 
 def current():
@@ -168,7 +173,7 @@ def _row_initializer(initializer, full_name, member):
   with_seed = getattr(initializer, "with_seed", None)
   if seed is None or with_seed is None:
     return initializer
-  origin = tf_initializers.seed_name(seed)
+  origin = getattr(initializer, "seed_origin", None)
   if origin is None:
     # Not derived from a name (an explicit seed): every layer's own
     # variable would get that same seed.
@@ -217,24 +222,15 @@ def _row(value, row):
   return indexing.gather(value, row, value.shape.dims[0])
 
 
-@extensions.register_variable_creator
 def _create_layer_stacked(next_creator, request):
-  """Makes variables layer-stacked under `stack_layer_variables`, and the
-  optimizer slots of layer-stacked variables (extensions, point 3)."""
-  if request.slot_of is not None:
-    members = request.slot_of.member_names
-    if members is None:
-      return next_creator(request)
-    suffix = request.name[len(request.slot_of.name):]
-    slot_members = [m + suffix for m in members]
-    return next_creator(request.replace(
-        member_names=tuple(slot_members),
-        initializer=RowInitializer(request.initializer, request.name,
-                                   slot_members)))
-  if current() is None:
+  """Makes variables layer-stacked under `stack_layer_variables` (a creator
+  of its block, extensions point 3), and switches `_create_stacked_slot`
+  on for their graph."""
+  if request.slot_of is not None or current() is None:
     return next_creator(request)
   row = current_row()
   stack_dim, member_names = members_of(request.name, request.shape)
+  request.mesh.graph.add_variable_creator(_create_stacked_slot)
   value = next_creator(request.replace(
       name=stacked_name(stack_dim, member_names),
       shape=shape_lib.Shape([stack_dim] + request.shape.dims),
@@ -242,3 +238,17 @@ def _create_layer_stacked(next_creator, request):
                                  member_names),
       member_names=tuple(member_names)))
   return _row(value, row)
+
+
+def _create_stacked_slot(next_creator, request):
+  """Makes the optimizer slots of layer-stacked variables layer-stacked (a
+  creator of the graphs that have such variables, extensions point 3)."""
+  members = None if request.slot_of is None else request.slot_of.member_names
+  if members is None:
+    return next_creator(request)
+  suffix = request.name[len(request.slot_of.name):]
+  slot_members = [m + suffix for m in members]
+  return next_creator(request.replace(
+      member_names=tuple(slot_members),
+      initializer=RowInitializer(request.initializer, request.name,
+                                 slot_members)))
