@@ -9,7 +9,7 @@ their own names), as the original's stacked variables kept their masters.
 In the original, `Graph.rewrite_stack_variables` replaced groups of
 variables by StackedVariables to cut the number of TF variables. Here that
 is a storage decision of the mesh implementation (see
-`mesh_tensorflow.strategies.autostack`), which leaves the graph alone; build a
+`mesh_tensorflow.storage.autostack`), which leaves the graph alone; build a
 StackedVariable directly to handle a group of variables as one tensor.
 """
 
