@@ -3,6 +3,12 @@
 `Lowering(graph, {mesh: mesh_impl})` lowers every operation, in order, into
 per-slice TF ops plus collectives. It works the same eagerly (ops run as they
 are lowered), inside a `tf.function` trace, and in `tf.compat.v1` graph mode.
+
+The mesh implementations are not changed by lowering: each operation is
+lowered with `mesh_impl(op)`, the implementation bound to this lowering's
+current context (see `lowering_context`): its layout view, idle processors
+and this lowering's counters. So one implementation can serve several
+lowerings at once.
 """
 
 import collections
@@ -37,6 +43,7 @@ class Lowering:
     log_file: optional path; the variable sizes and counters are appended.
 
   Attributes:
+    mesh_to_impl: dict from mtf Mesh to its MeshImpl, as given.
     tensors: dict from mtf Tensor to its laid-out value.
     operations: dict from mtf Operation (e.g. an Assign) to its TF op.
     variables: dict from mtf Variable to its LaidOutVariable.
@@ -51,14 +58,17 @@ class Lowering:
     self._counters = collections.OrderedDict()
     self._scalar_summaries = collections.OrderedDict()
     self._random_steps = {}
+    # The implementation each mesh's operations are lowered with now: its
+    # implementation counting to this lowering, in the current context.
+    self._bound = {mesh: impl.counting(self.add_counter)
+                   for mesh, impl in self.mesh_to_impl.items()}
     self._check_meshes_and_layouts()
     self._stack_groups = {}
     self._num_consumers = _count_consumers(graph.operations)
     if autostack or graph.stacking_limits is not None:
       self.autostack()
-    with self._counting():
-      for op in graph.operations:
-        self.lower_operation(op)
+    for op in graph.operations:
+      self.lower_operation(op)
     self._log(log_file)
 
   def lower_operation(self, op):
@@ -98,12 +108,12 @@ class Lowering:
   def _padded_names(self, op):
     """Names of the dimensions split unevenly (padded) in `op`'s inputs or
     outputs on its mesh."""
-    impl = self.mesh_to_impl.get(op.mesh)
+    impl = self._bound.get(op.mesh)
     if impl is None or not impl.layout_rules.allow_uneven:
       return frozenset()
     names = set()
     for t in list(op.inputs) + list(op.outputs):
-      if self.mesh_to_impl.get(t.mesh) is impl:
+      if self._bound.get(t.mesh) is impl:
         names.update(t.shape.dims[a.tensor_axis].name
                      for a in impl.padded_axes(t.shape))
     return frozenset(names)
@@ -118,11 +128,11 @@ class Lowering:
     impl = self.mesh_impl(op)
     saved = {}
     for t in set(op.inputs):
-      if t in self.tensors and self.mesh_to_impl.get(t.mesh) is impl:
+      if t in self.tensors and self._bound.get(t.mesh) is impl:
         saved[t] = self.tensors[t]
         self.tensors[t] = impl.gather_dimensions(saved[t], t.shape, names)
     try:
-      with impl.replicating(names):
+      with self.using(impl.replicating(names)):
         op.lower(self)
         produced = {t: self.tensors[t].to_laid_out_tensor()
                     for t in op.outputs if t in self.tensors}
@@ -140,15 +150,23 @@ class Lowering:
         self.tensors[t] = impl.fill_padding(self.tensors[t], t.shape)
 
   @contextlib.contextmanager
-  def _counting(self):
-    """Routes the mesh implementations' collective counts to this lowering."""
-    impls = set(self.mesh_to_impl.values())
-    previous = {impl: impl.set_counter_fn(self.add_counter) for impl in impls}
+  def using(self, mesh_impl):
+    """Lowers the operations inside with `mesh_impl`, a view of the
+    implementation of some meshes of this lowering in another context
+    (`mesh_impl(op).replicating(names)`, `.idle_processors(pnums)`), as
+    theirs; this lowering's own state, not the implementation, changes."""
+    unbound = mesh_impl.unbound
+    meshes = [m for m, impl in self.mesh_to_impl.items()
+              if impl.unbound is unbound]
+    if not meshes:
+      raise ValueError(f"{mesh_impl!r} is not a view of a mesh "
+                       "implementation of this Lowering.")
+    previous = {m: self._bound[m] for m in meshes}
+    self._bound.update({m: mesh_impl for m in meshes})
     try:
       yield
     finally:
-      for impl, fn in previous.items():
-        impl.set_counter_fn(fn)
+      self._bound.update(previous)
 
   def _check_meshes_and_layouts(self):
     """Validates every tensor's layout before any TF op is created.
@@ -195,15 +213,14 @@ class Lowering:
     return self._stack_groups.get(variable)
 
   def mesh_impl(self, m):
-    """The MeshImpl of an mtf Mesh, Tensor or Operation."""
+    """The MeshImpl of an mtf Mesh, Tensor or Operation, bound to this
+    lowering's current context (its `unbound` is the one given)."""
     mesh = m if not hasattr(m, "mesh") else m.mesh
-    return self.mesh_to_impl[mesh]
+    return self._bound[mesh]
 
   def export_to_tf_tensor(self, x):
     """The full value of mtf Tensor `x` as one tf.Tensor."""
-    with self._counting():
-      return self.mesh_impl(x).export_to_tf_tensor(
-          x, self.laid_out_tensor(x))
+    return self.mesh_impl(x).export_to_tf_tensor(x, self.laid_out_tensor(x))
 
   def lowered_operation(self, op):
     """The TF op of an mtf Operation (an Assign, say); None when eager."""
@@ -211,8 +228,7 @@ class Lowering:
 
   def laid_out_tensor(self, x):
     """The materialised laid-out value of mtf Tensor `x`."""
-    with self._counting():
-      return self.tensors[x].to_laid_out_tensor()
+    return self.tensors[x].to_laid_out_tensor()
 
   def set_tensor_lowering(self, tensor, laid_out_tensor):
     """Records the lowered value of `tensor`, checking its slice shape."""
@@ -259,9 +275,10 @@ class Lowering:
     into their seeds, so dropout draws a new mask every step, reproducibly
     (the counter starts at 0 and lives with the model's variables).
     """
-    if mesh_impl not in self._random_steps:
-      self._random_steps[mesh_impl] = mesh_impl.next_random_step()
-    return self._random_steps[mesh_impl]
+    key = mesh_impl.unbound
+    if key not in self._random_steps:
+      self._random_steps[key] = mesh_impl.next_random_step()
+    return self._random_steps[key]
 
   def add_scalar_summary(self, name, value):
     """Records a scalar tf.Tensor to be written as summary `name`."""

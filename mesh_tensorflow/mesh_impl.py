@@ -16,11 +16,10 @@ On the mesh "rows:2;cols:2" with rules "batch:rows", a tensor
 along "cols".
 """
 
-import contextlib
-
 from absl import logging
 import tensorflow as tf
 
+from mesh_tensorflow import lowering_context
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.backend import laid_out
 from mesh_tensorflow.backend import layout_geometry
@@ -96,14 +95,66 @@ class MeshImpl(layout_geometry.LayoutGeometry,
 
   def __init__(self, shape, layout_rules):
     self._shape = shape_lib.convert_to_shape(shape)
-    self._layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
-    _log_rules_for_missing_mesh_dimensions(self._layout_rules, self._shape)
-    self._counter_fn = None
-    self._variable_store = None
+    layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
+    _log_rules_for_missing_mesh_dimensions(layout_rules, self._shape)
+    self._context = lowering_context.LoweringContext(layout_rules)
+    self._variable_store = variable_store_lib.VariableStore(
+        checkpoint_root=self)
 
   def __repr__(self):
     rules = ";".join(f"{t}:{m}" for t, m in self._layout_rules)
     return f"{type(self).__name__}({self._shape.to_string}, {rules!r})"
+
+  # ------------------------------------------------------ lowering context
+
+  @property
+  def context(self):
+    """The LoweringContext this object lays out and counts by."""
+    return self._context
+
+  @property
+  def _layout_rules(self):
+    return self._context.layout_rules
+
+  @property
+  def unbound(self):
+    """The mesh implementation this is a view of (itself if none)."""
+    return self.__dict__.get("_view_of", self)
+
+  def bound(self, context):
+    """This implementation as seen in `context` (a LoweringContext).
+
+    A view: a new object of this class sharing everything but the context
+    (devices, variable store, caches); neither it nor this implementation
+    is changed afterwards. A Lowering hands each operation the view of its
+    context (see `Lowering.mesh_impl`).
+    """
+    if context is self._context:
+      return self
+    view = object.__new__(type(self))
+    view.__dict__.update(self.__dict__)
+    view.__dict__["_context"] = context
+    view.__dict__["_view_of"] = self.unbound
+    return view
+
+  def replicating(self, names):
+    """This implementation with the tensor dimensions named in `names` laid
+    out replicated: how an operation whose lowering does not handle padding
+    is lowered on padded inputs (see Lowering.lower_operation)."""
+    return self.bound(self._context.replicating(names))
+
+  def idle_processors(self, pnums):
+    """This implementation with processors `pnums` idle: its `slicewise`
+    may skip them, giving zeros (they hold idle pipeline slots, see
+    mtf.strategies.idle_slots). Only an implementation whose processors run
+    their own operations does (PlacementMeshImpl); by default every
+    processor computes."""
+    return self.bound(self._context.idle_processors(pnums))
+
+  def counting(self, counter_fn):
+    """This implementation with its collectives reporting their traffic to
+    fn(key, value) (a Lowering counts with its `add_counter`)."""
+    return self.bound(self._context.counting(counter_fn))
 
   def _not_implemented(self, member):
     """The error of a member only backends provide."""
@@ -134,18 +185,6 @@ class MeshImpl(layout_geometry.LayoutGeometry,
   def supports_control_dependencies(self):
     """Whether lowered ops may carry control dependencies (XLA: no)."""
     return True
-
-  @contextlib.contextmanager
-  def replicating(self, names):
-    """A context in which tensor dimensions named in `names` are laid out
-    replicated: how an operation whose lowering does not handle padding
-    is lowered on padded inputs (see Lowering.lower_operation)."""
-    previous = self._layout_rules
-    self._layout_rules = previous.without(names)
-    try:
-      yield
-    finally:
-      self._layout_rules = previous
 
   # ------------------------------------------------------ backend members
 
@@ -250,9 +289,6 @@ class MeshImpl(layout_geometry.LayoutGeometry,
     """The VariableStore holding the TF variables of this mesh's mtf
     variables (by mtf name, per execution context), checkpointed under
     this object."""
-    if self._variable_store is None:
-      self._variable_store = variable_store_lib.VariableStore(
-          checkpoint_root=self)
     return self._variable_store
 
   def make_laid_out_variable(self, variable, stack_group=None):
@@ -301,14 +337,6 @@ class MeshImpl(layout_geometry.LayoutGeometry,
     calling `mesh_impl.run(fn, ...)` works on every implementation.
     """
     return fn(*args)
-
-  def idle_processors(self, pnums):
-    """Context in which `slicewise` may skip processors `pnums`, giving them
-    zeros (e.g. they hold idle pipeline slots, see mtf.strategies.idle_slots).
-    Only an implementation whose processors run their own operations can
-    (PlacementMeshImpl); by default every processor computes."""
-    del pnums
-    return contextlib.nullcontext()
 
   def einsum(self, equation, *slices):
     """Local einsum of slices; an override point for backends.

@@ -17,8 +17,6 @@ per-device tensors (`allreduce_ring`, `allreduce_ring_single_shard`,
 `allreduce_algorithm="ring"`.
 """
 
-import contextlib
-
 from absl import logging
 import tensorflow as tf
 from tensorflow.python.ops import nccl_ops  # pylint: disable=g-direct-tensorflow-import
@@ -118,7 +116,6 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
       share_replicas = _one_task_cpus(devices)
     self._share_replicas = bool(share_replicas)
     self._sources = {}
-    self._idle = frozenset()
 
   @property
   def devices(self):
@@ -146,20 +143,13 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
 
   # ----------------------------------------------------------- computation
 
-  @contextlib.contextmanager
-  def idle_processors(self, pnums):
-    previous = self._idle
-    self._idle = frozenset(pnums)
-    try:
-      yield
-    finally:
-      self._idle = previous
-
   def slicewise(self, fn, *inputs):
     inputs = mesh_impl_lib.convert_args_to_laid_out_tensors(inputs)
     results = [None] * self.size
     done = {}  # With shared replicas: the same arguments, the same result.
-    idle = self._idle if len(self._idle) < self.size else frozenset()
+    idle = self._context.idle
+    if len(idle) >= self.size:
+      idle = frozenset()
     order = range(self.size)
     if idle:
       # Busy processors first: an idle one gets zeros shaped like theirs.

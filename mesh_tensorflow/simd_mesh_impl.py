@@ -30,6 +30,7 @@ live in `tpu_topology` and are re-exported here under their original module.
 
 import contextlib
 import functools
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -120,11 +121,14 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     self._devices = [devices[p] for p in logical_to_physical]
     self._device_assignment = device_assignment
     self._strategy = strategy
-    self._pnum = None
+    # Per thread, so that several programs can be traced and run at once:
+    # `pnum`, the processor number of the program being traced (set by
+    # `run` around it), and `last`, the last program `run` traced, as
+    # (fn, signature, concrete function, eager dispatcher).
+    self._program = threading.local()
     self._tokens = None
     self._per_device_captures = {}
     self._replicated = {}  # id(slice list) -> ReplicatedVariable (TPU)
-    self._last_program = None  # (fn, signature, concrete, eager dispatcher)
     self._timeout = None
     if collectives == "host":
       self._collectives = simd_collectives.HostCollectives(
@@ -180,11 +184,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     return self._current_pnum()
 
   def _current_pnum(self):
-    if self._pnum is None:
+    pnum = getattr(self._program, "pnum", None)
+    if pnum is None:
       raise errors.LayoutError(
           "SimdMeshImpl lowers the program of one processor and needs its "
           "processor number: build and lower inside mesh_impl.run(fn).")
-    return self._pnum
+    return pnum
 
   def _token_variables(self):
     if self._tokens is None:
@@ -230,7 +235,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           "SimdMeshImpl with TPU collectives runs under a TPUStrategy: "
           "pass strategy= (see make_simd_mesh_impl).")
     signature = tuple(tf.TensorSpec(a.shape, a.dtype) for a in args)
-    cached = self._last_program
+    cached = getattr(self._program, "last", None)
     if cached is None or cached[0] is not fn or cached[1] != signature:
       concrete = self.trace_program(fn, *signature)
       # One function calling the program on every device (so that all of
@@ -239,7 +244,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       dispatcher = tf.function(
           functools.partial(self._dispatch, concrete), autograph=False,
           experimental_attributes={"_noinline": True})
-      cached = self._last_program = (fn, signature, concrete, dispatcher)
+      cached = self._program.last = (fn, signature, concrete, dispatcher)
     _, _, _, dispatcher = cached
     with _without_graph_optimizer(), self.collective_errors():
       return dispatcher(*args)
@@ -293,12 +298,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
   @contextlib.contextmanager
   def _processor(self, pnum):
-    previous = self._pnum
-    self._pnum = pnum
+    previous = getattr(self._program, "pnum", None)
+    self._program.pnum = pnum
     try:
       yield
     finally:
-      self._pnum = previous
+      self._program.pnum = previous
 
   def _run_with_strategy(self, fn, args):
     """strategy.run of the program; each replica finds its processor
@@ -505,24 +510,29 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     """Like MeshImpl's, with one counter per processor (all equal), so
     every processor's call advances its own copy."""
     store = self.variable_store
-    entry = store.get(RANDOM_STEP)
-    if entry is None:
-      with tf.init_scope():
-        slices = []
-        for pnum, device in enumerate(self._devices):
-          with tf.device(device):
-            slices.append(variable_store_lib.plain_variable(
-                tf.constant(0, tf.int64), name=f"{RANDOM_STEP}_slice_{pnum}",
-                trainable=False))
-        entry = placement_variables.SliceVariables(None, slices, [],
-                                                   tf.int64)
-        store.put(RANDOM_STEP, entry)
-        store.track(RANDOM_STEP, checkpointing.SlicedVariableNode(
-            self, shape_lib.Shape([]), tf.int64, entry, self._devices))
-        self._register_per_device([v.handle for v in slices])
+    with store.lock:
+      entry = store.get(RANDOM_STEP)
+      if entry is None:
+        entry = self._make_random_step(store)
     counter = self.program_variable(RANDOM_STEP, entry.slices)
     after = counter.assign_add(tf.constant(1, tf.int64), read_value=True)
     return tf.convert_to_tensor(after) - 1
+
+  def _make_random_step(self, store):
+    """Creates, stores and returns the per-processor random step counters."""
+    with tf.init_scope():
+      slices = []
+      for pnum, device in enumerate(self._devices):
+        with tf.device(device):
+          slices.append(variable_store_lib.plain_variable(
+              tf.constant(0, tf.int64), name=f"{RANDOM_STEP}_slice_{pnum}",
+              trainable=False))
+      entry = placement_variables.SliceVariables(None, slices, [], tf.int64)
+      store.put(RANDOM_STEP, entry)
+      store.track(RANDOM_STEP, checkpointing.SlicedVariableNode(
+          self.unbound, shape_lib.Shape([]), tf.int64, entry, self._devices))
+      self._register_per_device([v.handle for v in slices])
+    return entry
 
 
 @contextlib.contextmanager
@@ -666,15 +676,13 @@ class SimdLaidOutVariable(mesh_impl_lib.LaidOutVariable):
           "tf.compat.v1 graph mode is not supported by it yet.")
     self._variable = variable
     self._mesh_impl = mesh_impl
-    store = mesh_impl.variable_store
-    slice_shape = mesh_impl.slice_shape(variable.shape)
-    entry = store.get(variable.name)
-    if entry is None:
+
+    def create():
       entry = placement_variables.create_eager_slices(variable, mesh_impl)
       mesh_impl._register_per_device([v.handle for v in entry.slices])  # pylint: disable=protected-access
-    else:
-      placement_variables.check_existing(entry, variable, slice_shape)
-    self._entry = entry
+
+    self._entry = placement_variables.stored_entry(
+        variable, mesh_impl, mesh_impl.slice_shape(variable.shape), create)
 
   @property
   def storage(self):

@@ -515,15 +515,14 @@ def test_wire_bytes_counters(backend, mesh_shape):
   def build():
     counters, composition = {}, {}
     recorded[:] = [counters, composition]
-    previous = impl.set_counter_fn(counting(counters))
-    try:
-      table = tf.constant(VALUES)
-      x = impl.slicewise(lambda p: tf.gather(table, p), impl.laid_out_pnum())
-      out = {str(k): c[1](impl, x) for k, c in enumerate(cases)}
-      impl.set_counter_fn(counting(composition))
-      out["gathered"] = impl.allconcat(impl.reduce_scatter(x, 0, 1), 0, 1)
-    finally:
-      impl.set_counter_fn(previous)
+    counted = impl.counting(counting(counters))
+    table = tf.constant(VALUES)
+    x = counted.slicewise(lambda p: tf.gather(table, p),
+                          counted.laid_out_pnum())
+    out = {str(k): c[1](counted, x) for k, c in enumerate(cases)}
+    composed = impl.counting(counting(composition))
+    out["gathered"] = composed.allconcat(composed.reduce_scatter(x, 0, 1),
+                                         0, 1)
     return out, {}, None
 
   _execute(mode, impl, build)
@@ -565,8 +564,8 @@ def test_default_reduce_scatter_is_allreduce_then_allsplit():
   table = tf.constant(VALUES)
   x = impl.slicewise(lambda p: tf.gather(table, p), impl.laid_out_pnum())
   counters = {}
-  impl.set_counter_fn(counters.__setitem__)
-  default = mtf.mesh_impl.MeshImpl.reduce_scatter(impl, x, 1, 1, "MAX")
+  default = mtf.mesh_impl.MeshImpl.reduce_scatter(
+      impl.counting(counters.__setitem__), x, 1, 1, "MAX")
   assert set(counters) == {"comm/allreduce/cols/calls",
                            "comm/allreduce/cols/bytes",
                            "comm/allreduce/cols/wire_bytes"}

@@ -129,13 +129,19 @@ class LazyLaidOutTensor:
 
 
 def compatible_lazy_allreduce_sums(xs):
-  """True if `xs` are lazy sums on one mesh implementation over the same
-  mesh axes (so that they can be added before one allreduce)."""
+  """True if `xs` are lazy sums on one mesh implementation (whichever
+  lowering context's view of it) over the same mesh axes, so that they can
+  be added before one allreduce."""
   if not xs or not all(isinstance(x, LazyAllreduceSum) for x in xs):
     return False
   first = xs[0]
-  return all(x.mesh_impl is first.mesh_impl and x.mesh_axes == first.mesh_axes
-             for x in xs)
+  return all(_unbound(x.mesh_impl) is _unbound(first.mesh_impl) and
+             x.mesh_axes == first.mesh_axes for x in xs)
+
+
+def _unbound(mesh_impl):
+  """The implementation a lowering context's view is of."""
+  return getattr(mesh_impl, "unbound", mesh_impl)
 
 
 def convert_args_to_laid_out_tensors(xs):

@@ -59,20 +59,14 @@ def collective_wire_bytes(kind, group_size, num_groups, slice_bytes,
 class MeshCollectives:
   """Collectives and their counters (a MeshImpl base).
 
-  Reads `self._shape`, `self._counter_fn`, `self.slicewise` and
+  Reads `self._shape`, `self._context` (its counter_fn), `self.slicewise` and
   `self.laid_out_pnum`.
   """
 
-  def set_counter_fn(self, counter_fn):
-    """Installs fn(key, value) that collectives report their traffic to;
-    returns the previous one (the Lowering installs its `add_counter`)."""
-    previous = self._counter_fn
-    self._counter_fn = counter_fn
-    return previous
-
   def _count(self, key, value):
-    if self._counter_fn is not None:
-      self._counter_fn(key, value)
+    counter_fn = self._context.counter_fn
+    if counter_fn is not None:
+      counter_fn(key, value)
 
   def _count_collective(self, kind, mesh_axes, x, source_pcoord=None):
     """Counts one collective call, the bytes its inputs hold on all

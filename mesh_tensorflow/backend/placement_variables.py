@@ -164,17 +164,15 @@ class LaidOutVariable(mesh_impl_lib.LaidOutVariable):
     self._stack_group = stack_group
     store = mesh_impl.variable_store
     self._slice_shape = mesh_impl.slice_shape(variable.shape)
-    entry = store.get(variable.name)
-    if entry is None:
+
+    def create():
       if stack_group is not None and not any(
           store.get(name) is not None for name in stack_group.names):
         _create_stack(stack_group.variables, mesh_impl)
       else:
         _create_single(variable, mesh_impl)
-      entry = store.get(variable.name)
-    else:
-      check_existing(entry, variable, self._slice_shape)
-    self._entry = entry
+
+    self._entry = stored_entry(variable, mesh_impl, self._slice_shape, create)
 
   @property
   def storage(self):
@@ -336,6 +334,8 @@ def assign_to_variables(laid_out_variables, laid_out_values, assign_fn):
 
 
 def checkpoint_node(variable, mesh_impl, entry, row=None):
+  # The node outlives the lowering: it keeps no reference to its counters.
+  mesh_impl = mesh_impl.counting(None)
   return checkpointing.SlicedVariableNode(
       mesh_impl, variable.shape, variable.master_dtype, entry,
       mesh_impl.devices, row=row,
@@ -396,6 +396,23 @@ def create_eager_slices(variable, mesh_impl):
     store.put(variable.name, entry)
     track(variable, mesh_impl, entry)
   return entry
+
+
+def stored_entry(variable, mesh_impl, slice_shape, create):
+  """The variable store's entry of mtf `variable`: the stored one, checked
+  against its slices, else the one `create()` stores.
+
+  The look-up and the creation hold the store's lock: lowerings on several
+  threads share one mesh implementation's store.
+  """
+  store = mesh_impl.variable_store
+  with store.lock:
+    entry = store.get(variable.name)
+    if entry is not None:
+      check_existing(entry, variable, slice_shape)
+      return entry
+    create()
+    return store.get(variable.name)
 
 
 def check_existing(entry, variable, slice_shape):

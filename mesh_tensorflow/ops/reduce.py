@@ -98,7 +98,7 @@ class ReduceOperation(graph_lib.Operation):
           fill=padding.neutral_value(x.dtype, self._reduction_fn_string))
     if (self._reduction_fn_string == "SUM" and
         isinstance(x_lowered, mesh_impl_lib.LazyAllreduceSum) and
-        x_lowered.mesh_impl is impl and
+        x_lowered.mesh_impl.unbound is impl.unbound and
         not set(x_lowered.mesh_axes) & set(mesh_axes)):
       # A sum of pending partial sums: sum the partials locally and leave
       # one allreduce, over both sets of mesh axes, for later.

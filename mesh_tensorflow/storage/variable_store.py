@@ -19,6 +19,7 @@ the same keys in both modes (graph mode: in a Session).
 """
 
 import contextlib
+import threading
 import weakref
 
 import tensorflow as tf
@@ -73,12 +74,18 @@ def root_name_scope():
 class VariableStore:
   """Maps mtf variable names to their TF variables, per execution context.
 
+  The store outlives a lowering (a retrace reuses its variables) and is
+  shared by the lowerings of one mesh implementation, which may run on
+  several threads: whoever looks a variable up and creates it if absent
+  holds `lock` meanwhile (see `placement_variables.stored_entry`).
+
   Args:
     checkpoint_root: the trackable object (the mesh implementation) under
       which eager / tf.function variables are checkpointed by mtf name.
   """
 
   def __init__(self, checkpoint_root=None):
+    self.lock = threading.RLock()
     self._eager = {}
     self._graphs = weakref.WeakKeyDictionary()
     self._graph_roots = weakref.WeakKeyDictionary()
@@ -140,6 +147,10 @@ class VariableStore:
   def counter(self, name):
     """A scalar int64 variable starting at 0, created on first use (on the
     host; in graph mode it is a global variable, so checkpoints hold it)."""
+    with self.lock:
+      return self._counter(name)
+
+  def _counter(self, name):
     entries = self._entries()
     if name not in entries:
       with tf.init_scope(), root_name_scope(), tf.device("/cpu:0"):

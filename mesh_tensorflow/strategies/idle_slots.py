@@ -15,10 +15,10 @@ real devices it frees them while they wait.
 of the stage function that depends on the iteration's buffers and whose
 outputs all have the stage dimension with the stages that are idle; the
 annotation passes itself on to the operations its operation's gradient
-creates, and has the Lowering lower its operation under the mesh
-implementation's `idle_processors` (a no-op but on PlacementMeshImpl), for
-the processors holding idle stages, when the stage dimension is split over
-a mesh dimension of its size (one stage per processor).
+creates, and has the Lowering lower its operation with the mesh
+implementation's `idle_processors` view (which only PlacementMeshImpl
+honours) for the processors holding idle stages, when the stage dimension
+is split over a mesh dimension of its size (one stage per processor).
 """
 
 import dataclasses
@@ -55,7 +55,7 @@ class IdleSlots(extensions.Annotation):
   def lowering_scope(self, operation, lowering):
     """The idle stages' processors may give zeros instead."""
     impl = lowering.mesh_impl(operation)
-    return impl.idle_processors(self.processors(impl))
+    return lowering.using(impl.idle_processors(self.processors(impl)))
 
   def gradient_created(self, operation, created):
     """Marks the operations of `operation`'s gradient as it is."""

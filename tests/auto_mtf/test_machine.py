@@ -201,13 +201,9 @@ def test_collective_wire_bytes_formula():
 
 
 def _counted(impl, fn):
+  """The counters of fn(view of `impl` counting its collectives)."""
   counts = {}
-  previous = impl.set_counter_fn(
-      lambda k, v: counts.__setitem__(k, counts.get(k, 0) + v))
-  try:
-    fn()
-  finally:
-    impl.set_counter_fn(previous)
+  fn(impl.counting(lambda k, v: counts.__setitem__(k, counts.get(k, 0) + v)))
   return counts
 
 
@@ -220,15 +216,16 @@ def test_calibration_wire_bytes_are_the_counters(mesh_impl):
   slice_shape = [8, 4]
 
   def one(kind, axes):
-    def body():
+    def body(counted):
       if mesh_impl == "placement":
         x = mesh_impl_lib.LaidOutTensor(
             [tf.ones(slice_shape) * p for p in range(impl.size)])
-        machine._apply_collective(impl, kind, axes, x)
+        machine._apply_collective(counted, kind, axes, x)
       else:
         def program():
           x = mesh_impl_lib.LaidOutTensor([tf.ones(slice_shape)])
-          return machine._apply_collective(impl, kind, axes, x).one_slice
+          return machine._apply_collective(counted, kind, axes,
+                                           x).one_slice
         impl.trace_program(program)
     return _counted(impl, body)
 
