@@ -2,39 +2,37 @@
 
 The original's `transformer/utils.py`, on `mesh_tensorflow.estimator`:
 
-- `run(...)` (gin-configured) sizes the run (batch, steps, learning-rate
-  schedule), builds the estimator (`get_estimator`) and runs one mode:
-  "train", "eval" (decode and score the eval datasets), "perplexity_eval",
-  "infer" (decode a file), "score_from_strings", "score_from_dataset",
-  "export_infer" / "export_score" (SavedModels; "export" is the old name of
-  "export_infer").
+- `run(...)` (gin-configured) resolves its arguments once into a
+  ResolvedRun (binary/run_resolution: devices, mesh shape and layout rules,
+  searched with layout_rules "auto", batch size, steps, learning-rate
+  schedule), builds the estimator from it (`get_estimator`) and runs one
+  mode's driver on it (binary/run_modes): "train", "eval" (decode and score
+  the eval datasets), "perplexity_eval", "infer" (decode a file),
+  "score_from_strings", "score_from_dataset", "export_infer" /
+  "export_score" (SavedModels; "export" is the old name of "export_infer").
 - `get_estimator` builds the model (`build_model`), its model function
   (`tpu_estimator_model_fn`) and an Estimator (TPUEstimator on TPU).
-- The mode drivers live in smaller modules and are re-exported here under
-  the original's names: run_settings (dtypes, batch size, steps),
-  run_model_fn, run_checkpoints, run_inference, run_scoring, run_eval.
+- The mode functions live in smaller modules of binary/ and are re-exported
+  here under the original's names: run_settings (dtypes, batch size,
+  steps), run_model_fn, run_training, run_checkpoints, run_inference,
+  run_scoring, run_eval.
 
 Every gin name is the original's (`utils.run.mesh_shape`,
 `utils.get_variable_dtype.activation_dtype`, ...), so the original's gin
 files and operative configs parse unchanged.
 """
 
-import functools
 import importlib.resources
 import os
 
 from absl import flags
-from absl import logging
 import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import estimator as estimator_lib
-from mesh_tensorflow.randomness import run_seed
-from mesh_tensorflow.transformer import dataset as transformer_dataset
-from mesh_tensorflow.transformer import learning_rate_schedules
-from mesh_tensorflow.transformer.binary import run_auto_layout
-from mesh_tensorflow.transformer.binary import run_devices
+from mesh_tensorflow.transformer.binary import run_modes
+from mesh_tensorflow.transformer.binary import run_resolution
 # The original's names, from the modules that now hold them.
 # pylint: disable=unused-import
 from mesh_tensorflow.transformer.binary.run_checkpoints import flexible_ckpt_init_mapping
@@ -75,13 +73,12 @@ from mesh_tensorflow.transformer.binary.run_settings import serialize_num_microb
 from mesh_tensorflow.transformer.binary.run_settings import targets_vocabulary
 from mesh_tensorflow.transformer.binary.run_settings import tpu_mesh_shape
 from mesh_tensorflow.transformer.binary.run_settings import variable_filter_max_size
+from mesh_tensorflow.transformer.binary.run_training import train_model
 # pylint: enable=unused-import
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
 
-MODES = ("train", "eval", "score_eval", "perplexity_eval", "infer",
-         "score_from_strings", "score_from_dataset", "export_infer",
-         "export_score", "export")
+MODES = run_resolution.MODES
 
 # The gin flags, as the original defined them here.
 if "gin_file" not in flags.FLAGS:
@@ -196,7 +193,7 @@ def get_estimator(model_type, vocabulary, mesh_shape,
   del tpu_job_name
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   layout_rules = mtf.convert_to_layout_rules(layout_rules)
-  model_fn = _make_model_fn(
+  model_fn = run_resolution.make_model_fn(
       model_type=model_type,
       vocabulary=vocabulary,
       model_dir=model_dir,
@@ -243,165 +240,6 @@ def get_estimator(model_type, vocabulary, mesh_shape,
         train_batch_size=batch_size, eval_batch_size=batch_size,
         predict_batch_size=batch_size)
   return estimator_lib.Estimator(model_fn=model_fn, config=config)
-
-
-def _make_model_fn(model_type, vocabulary, mesh_shape, layout_rules,
-                   **model_fn_args):
-  """The model (build_model) and its model function
-  (tpu_estimator_model_fn): what get_estimator trains, and what the layout
-  search (layout_rules "auto") builds the training graph of."""
-  transformer_model = build_model(
-      model_type=model_type,
-      input_vocab_size=inputs_vocabulary(vocabulary).vocab_size,
-      output_vocab_size=targets_vocabulary(vocabulary).vocab_size,
-      layout_rules=layout_rules,
-      mesh_shape=mesh_shape)
-  return tpu_estimator_model_fn(
-      model_type=model_type, transformer_model=transformer_model,
-      vocabulary=vocabulary, mesh_shape=mesh_shape,
-      layout_rules=layout_rules, **model_fn_args)
-
-
-def train_model(estimator, vocabulary, sequence_length, batch_size,
-                train_dataset_fn, train_steps, ensemble_inputs,
-                dataset_split="train", skip_seen_data=False,
-                seen_data_init_step=0, checkpoint_input_pipeline=False,
-                hooks=None):
-  """Trains up to global step `train_steps` on train_dataset_fn's data.
-
-  Args:
-    estimator: an Estimator of get_estimator.
-    vocabulary: a Vocabulary or an (inputs, targets) pair.
-    sequence_length: a dict feature -> length.
-    batch_size: sequences per batch.
-    train_dataset_fn: (sequence_length, vocabulary, dataset_split) -> a
-      tf.data.Dataset of examples (repeated and batched here).
-    train_steps: the global step to stop at.
-    ensemble_inputs: batches hold this many times batch_size examples.
-    dataset_split: the split to train on.
-    skip_seen_data: on resuming, skip the examples the checkpoint's steps
-      (minus seen_data_init_step) have consumed.
-    seen_data_init_step: the step at which this data was first used.
-    checkpoint_input_pipeline: the data's position is checkpointed instead
-      (get_estimator's checkpoint_input_pipeline must be set).
-    hooks: objects with after_loop(step, loss) (e.g. a progress display).
-
-  Writes <model_dir>/operative_config.gin once the first loop has built the
-  model, and again at the end.
-  """
-  if checkpoint_input_pipeline and not (
-      estimator.config.checkpoint_input_pipeline):
-    raise ValueError("train_model(checkpoint_input_pipeline=True) needs an "
-                     "estimator built with checkpoint_input_pipeline=True.")
-  skip = 0
-  if skip_seen_data:
-    latest = estimator.latest_checkpoint()
-    if latest is not None:
-      step = get_step_from_checkpoint_path(latest)
-      skip = max(0, step - seen_data_init_step) * batch_size * (
-          ensemble_inputs or 1)
-      logging.info("Skipping %d examples seen before step %d.", skip, step)
-
-  def input_fn(params):
-    del params
-    dataset = train_dataset_fn(sequence_length=sequence_length,
-                               vocabulary=vocabulary,
-                               dataset_split=dataset_split)
-    dataset = dataset.repeat()
-    if skip:
-      dataset = dataset.skip(skip)
-    dataset = dataset.batch(batch_size * (ensemble_inputs or 1),
-                            drop_remainder=True)
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-  # operative_config.gin, as the original's GinConfigSaverHook wrote it:
-  # clients (T5) re-parse it for evaluation, inference and export.
-  hooks = [_OperativeConfigWriter(estimator.model_dir)] + list(hooks or ())
-  estimator.train(input_fn=input_fn, max_steps=train_steps, hooks=hooks)
-  _write_operative_config(estimator.model_dir)
-
-
-def _learning_rate_schedule(learning_rate_schedule, train_steps):
-  """A float, or a function of `step` with total_train_steps bound."""
-  if isinstance(learning_rate_schedule, (list, tuple)):
-    learning_rate_schedule = functools.partial(
-        learning_rate_schedules.product_learning_rate,
-        factors=list(learning_rate_schedule))
-  if callable(learning_rate_schedule):
-    return functools.partial(learning_rate_schedule,
-                             total_train_steps=train_steps)
-  return learning_rate_schedule
-
-
-def _write_operative_config(model_dir):
-  """Writes operative_config.gin into model_dir (atomically)."""
-  tf.io.gfile.makedirs(model_dir)
-  path = os.path.join(model_dir, "operative_config.gin")
-  # Line by line: write_lines_to_file writes an item's newlines as spaces.
-  write_lines_to_file(gin.operative_config_str().splitlines(), path)
-  logging.info("Wrote the operative gin config to %s", path)
-
-
-class _OperativeConfigWriter:
-  """A training hook writing operative_config.gin once the first loop has
-  run: by then the model, optimizer and data have read their gin values
-  (the original's GinConfigSaverHook wrote it after the session started)."""
-
-  def __init__(self, model_dir):
-    self._model_dir = model_dir
-    self._written = False
-
-  def after_loop(self, step, loss):
-    del step, loss
-    if not self._written:
-      _write_operative_config(self._model_dir)
-      self._written = True
-
-
-def _export_checkpoint(export_checkpoint_step, model_dir):
-  if not export_checkpoint_step:
-    return None
-  return next(iter(get_checkpoint_iterator(export_checkpoint_step,
-                                           model_dir)))
-
-
-def _search_layout(model_type, vocabulary, mesh_shape, batch_size,
-                   sequence_length, train_steps, total_run_steps,
-                   learning_rate_schedule, ensemble_inputs, train_dataset_fn,
-                   processor_count_fn, shard_weight_update=False,
-                   shard_parameters=False, allow_uneven=False,
-                   **model_fn_args):
-  """The LayoutChoice of the run's training graph (layout_rules "auto"), on
-  its mesh shape or (mesh_shape "auto") on processor_count_fn() processors;
-  see run_auto_layout."""
-  if model_fn_args.get("optimizer") is None:
-    raise ValueError('utils.run.layout_rules = "auto" searches the layout of '
-                     "the training graph, in every mode: it needs "
-                     "utils.run.optimizer.")
-  batch_size = run_auto_layout.fixed_batch_size(sequence_length, batch_size)
-  if not isinstance(train_steps, int):
-    train_steps = train_steps(batch_size, sequence_length)
-  searched = run_auto_layout.mesh_shape_or_processor_count(
-      mesh_shape, processor_count_fn)
-  model_fn = _make_model_fn(
-      model_type=model_type, vocabulary=vocabulary,
-      mesh_shape=None if isinstance(searched, int) else searched,
-      layout_rules=None, batch_size=batch_size,
-      sequence_length=sequence_length,
-      learning_rate_schedule=_learning_rate_schedule(
-          learning_rate_schedule, total_run_steps or train_steps),
-      ensemble_inputs=ensemble_inputs, score_in_predict_mode=False,
-      **model_fn_args)
-
-  def features_fn():
-    return run_auto_layout.training_features(
-        model_type, batch_size, sequence_length, ensemble_inputs,
-        train_dataset_fn, vocabulary)
-
-  return run_auto_layout.choose(model_fn, searched, features_fn,
-                                shard_weight_update=shard_weight_update,
-                                shard_parameters=shard_parameters,
-                                allow_uneven=allow_uneven)
 
 
 @gin.configurable(module=_GIN_MODULE)
@@ -528,153 +366,6 @@ def run(tpu_job_name,
   Returns:
     what the mode returns (e.g. eval metrics, scores, the export path).
   """
-  arguments = dict(locals())
-  if mode not in MODES:
-    raise ValueError(f"utils.run: unknown mode {mode!r}; expected one of "
-                     f"{', '.join(MODES)}")
-  if model_dir is None:
-    raise ValueError("utils.run needs a model_dir (--model_dir).")
-  if vocabulary is None:
-    raise ValueError("utils.run needs a vocabulary: add `utils.run."
-                     "vocabulary = @vocabulary.ByteVocabulary()` (or another "
-                     "vocabulary) to a gin file or a --gin_param.")
-  if isinstance(sequence_length, int):
-    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
-  if tpu:
-    cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu, zone=tpu_zone, project=gcp_project)
-  else:
-    cluster = None
-  if run_auto_layout.wants_search(mesh_shape, layout_rules):
-    choice = _search_layout(
-        model_type=model_type, vocabulary=vocabulary, mesh_shape=mesh_shape,
-        batch_size=batch_size, sequence_length=sequence_length,
-        train_steps=train_steps, total_run_steps=total_run_steps,
-        learning_rate_schedule=learning_rate_schedule, autostack=autostack,
-        optimizer=optimizer, predict_fn=predict_fn,
-        variable_filter=variable_filter, ensemble_inputs=ensemble_inputs,
-        train_dataset_fn=train_dataset_fn, model_dir=model_dir,
-        keep_checkpoint_max=keep_checkpoint_max,
-        save_checkpoints_steps=save_checkpoints_steps, use_tpu=bool(tpu),
-        processor_count_fn=lambda: run_devices.processor_count(
-            mesh_devices, cluster),
-        shard_weight_update=shard_weight_update,
-        shard_parameters=shard_parameters,
-        allow_uneven=allow_uneven_splits)
-    run_auto_layout.report(choice)
-    run_auto_layout.bind_choice(choice)
-    # Called again through gin, which now supplies the chosen values and
-    # records them in the operative config (as if the user had given them).
-    arguments.update(mesh_shape=gin.REQUIRED, layout_rules=gin.REQUIRED)
-    return run(**arguments)
-  mesh_shape = mtf.convert_to_shape(mesh_shape)
-  layout_rules = mtf.convert_to_layout_rules(layout_rules)
-  if allow_uneven_splits:
-    layout_rules = layout_rules.with_uneven()
-  if not isinstance(batch_size, int):
-    batch_size = compute_batch_size(sequence_length, mesh_shape,
-                                    layout_rules, batch_size)
-  if not isinstance(train_steps, int):
-    train_steps = train_steps(batch_size, sequence_length)
-  learning_rate_schedule = _learning_rate_schedule(
-      learning_rate_schedule, total_run_steps or train_steps)
-  for name, value in (("model_type", model_type), ("mode", mode),
-                      ("sequence_length", sequence_length),
-                      ("batch_size", batch_size),
-                      ("train_steps", train_steps),
-                      ("mesh_shape", mesh_shape.to_string),
-                      ("layout_rules", layout_rules),
-                      ("shard_weight_update", shard_weight_update),
-                      ("shard_parameters", shard_parameters),
-                      ("seed", seed)):
-    logging.info("%s=%s", name, value)
-  if mode == "train" and dataset_split != "train":
-    raise ValueError('mode "train" requires dataset_split "train", got '
-                     f"{dataset_split!r}")
-  if mode != "train":
-    ensemble_inputs = None
-  if not tpu:
-    run_devices.ensure_local_devices(mesh_shape.size, mesh_devices)
-
-  estimator = get_estimator(
-      model_type=model_type,
-      vocabulary=vocabulary,
-      mesh_shape=mesh_shape,
-      layout_rules=layout_rules,
-      model_dir=model_dir,
-      batch_size=batch_size,
-      sequence_length=sequence_length,
-      autostack=autostack,
-      learning_rate_schedule=learning_rate_schedule,
-      keep_checkpoint_max=keep_checkpoint_max,
-      save_checkpoints_steps=save_checkpoints_steps,
-      optimizer=optimizer,
-      predict_fn=predict_fn,
-      variable_filter=variable_filter,
-      ensemble_inputs=ensemble_inputs,
-      use_tpu=bool(tpu),
-      tpu_job_name=tpu_job_name,
-      iterations_per_loop=iterations_per_loop,
-      cluster=cluster,
-      init_checkpoint=init_checkpoint,
-      mesh_devices=mesh_devices,
-      score_in_predict_mode=mode in ("score_eval", "score_from_strings",
-                                     "score_from_dataset", "export_score"),
-      log_step_count_steps=log_step_count_steps,
-      save_summary_steps=save_summary_steps,
-      checkpoint_input_pipeline=checkpoint_input_pipeline,
-      shard_weight_update=shard_weight_update,
-      shard_parameters=shard_parameters,
-      seed=seed)
-  # The mode's datasets are made within: their shuffles take the seed; so
-  # are its models: their name-keyed seeds mix it in.
-  with transformer_dataset.shuffle_seed(seed), run_seed.seed_scope(seed):
-    if mode == "train":
-      for hook in train_hooks or ():
-        if hasattr(hook, "set_run"):
-          hook.set_run(train_steps,
-                       batch_size * (ensemble_inputs or 1) *
-                       max(sequence_length.values()))
-      if train_dataset_fn is None:
-        raise ValueError("mode 'train' needs utils.run.train_dataset_fn in "
-                         "gin.")
-      kwargs = {}
-      if train_model_fn is train_model:
-        kwargs = dict(skip_seen_data=skip_seen_data,
-                      seen_data_init_step=seen_data_init_step,
-                      checkpoint_input_pipeline=checkpoint_input_pipeline,
-                      hooks=train_hooks)
-      return train_model_fn(estimator, vocabulary, sequence_length,
-                            batch_size, train_dataset_fn, train_steps,
-                            ensemble_inputs, **kwargs)
-    if mode == "perplexity_eval":
-      return perplexity_eval(estimator, vocabulary, sequence_length,
-                             batch_size, dataset_split, model_dir,
-                             eval_dataset_fn, train_dataset_fn,
-                             eval_checkpoint_step, perplexity_eval_steps)
-    if mode in ("eval", "score_eval"):
-      return eval_model(estimator, vocabulary, sequence_length, batch_size,
-                        dataset_split, model_dir, eval_dataset_fn,
-                        eval_summary_dir, eval_checkpoint_step,
-                        eval_with_score=mode == "score_eval",
-                        output_eval_examples=output_eval_examples)
-    if mode == "infer":
-      return infer_model(estimator, vocabulary, sequence_length, batch_size,
-                         model_type, model_dir, eval_checkpoint_step)
-    if mode == "score_from_strings":
-      return score_from_strings(estimator, vocabulary, model_type, batch_size,
-                                sequence_length, model_dir,
-                                eval_checkpoint_step)
-    if mode == "score_from_dataset":
-      return score_from_dataset(estimator, vocabulary, batch_size,
-                                sequence_length, model_dir,
-                                eval_checkpoint_step, dataset_split)
-    if mode == "export":
-      logging.warning('mode "export" is deprecated; use "export_infer".')
-    if not export_path:
-      raise ValueError(f"mode {mode!r} needs utils.run.export_path in gin.")
-    return export_model(
-        estimator, export_path, vocabulary, sequence_length,
-        model_type=model_type, eval_with_score=mode == "export_score",
-        batch_size=batch_size,
-        checkpoint_path=_export_checkpoint(export_checkpoint_step, model_dir))
+  resolved = run_resolution.resolve(dict(locals()))
+  estimator = get_estimator(**resolved.estimator_arguments())
+  return run_modes.run_mode(resolved, estimator)

@@ -10,14 +10,16 @@ also in the other modes, so that evaluation and inference use the layout
 training would. Layers whose graph depends on the layout (the
 mixture-of-experts group sizes) are searched as built without layout rules.
 
-The choice is printed and bound in gin (`utils.run.mesh_shape`,
-`utils.run.layout_rules`), so the operative config holds it and a rerun
-with that config repeats it without searching. The search's settings are
-gin parameters of `auto_layout` (objective, memory_budget, machine,
-max_mesh_shape_dimensions, quick_calibration). The time objective measures
-the machine once per mesh shape where nothing is cached (see
-mtf.auto_mtf.machine.load_or_calibrate); a failed measurement ends the run
-with one message saying how to measure it or do without.
+The choice is printed, bound in gin (`utils.run.mesh_shape`,
+`utils.run.layout_rules`) and recorded in gin's operative config as the
+values utils.run ran with, so a rerun with that config repeats it without
+searching (utils.run resolves its settings once, see run_resolution). The
+search's settings are gin parameters of `auto_layout` (objective,
+memory_budget, machine, max_mesh_shape_dimensions, quick_calibration).
+The time objective measures the machine once per mesh shape where nothing
+is cached (see mtf.auto_mtf.machine.load_or_calibrate); a failed
+measurement ends the run with one message saying how to measure it or do
+without.
 """
 
 from absl import logging
@@ -209,14 +211,27 @@ def report(choice):
 
 def bind_choice(choice):
   """Binds utils.run.mesh_shape and layout_rules to the choice (in the
-  current gin scope), so that the operative config holds it."""
+  current gin scope) and records them in the operative config in place of
+  the "auto" that utils.run was given, as if gin had given the choice."""
   scope = gin.current_scope_str()
   prefix = f"{scope}/" if scope else ""
+  chosen = {"mesh_shape": mesh_shape_string(choice.mesh_shape),
+            "layout_rules": choice.layout_rules.to_string}
   with gin.unlock_config():
-    gin.bind_parameter(f"{prefix}{_GIN_MODULE}.run.mesh_shape",
-                       mesh_shape_string(choice.mesh_shape))
-    gin.bind_parameter(f"{prefix}{_GIN_MODULE}.run.layout_rules",
-                       choice.layout_rules.to_string)
+    for name, value in chosen.items():
+      gin.bind_parameter(f"{prefix}{_GIN_MODULE}.run.{name}", value)
+  _record_operative(scope, f"{_GIN_MODULE}.run", chosen)
+
+
+def _record_operative(scope, selector, values):
+  """Records values as parameters configurable `selector` ran with in
+  `scope`, as gin does when it supplies them to a call. gin has no public
+  call for this: its operative config maps (scope, selector) to them."""
+  # pylint: disable=protected-access
+  with gin.config._OPERATIVE_CONFIG_LOCK:
+    gin.config._OPERATIVE_CONFIG.setdefault((scope, selector), {}).update(
+        values)
+  # pylint: enable=protected-access
 
 
 def mesh_shape_or_processor_count(mesh_shape, processor_count_fn):
