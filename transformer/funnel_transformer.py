@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer.models import layer_stack
 
 _GIN_MODULE = "mesh_tensorflow.transformer.funnel_transformer"
 
@@ -26,7 +27,7 @@ _POOL_FNS = {"mean": mtf.reduce_mean, "max": mtf.reduce_max,
 
 
 @gin.configurable(module=_GIN_MODULE)
-class FunnelTransformerLayerStack(transformer.TransformerLayer):
+class FunnelTransformerLayerStack(layer_stack.SublayerRunner):
   """A layer stack whose blocks shorten the sequence (see the module).
 
   Block b has block_param_size[b] groups of `n_submodules` layers (e.g.
@@ -34,7 +35,9 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
   times with the same parameters. Layers are named
   "funnel_block_<b>/param_idx_<p>/submodule_<s>" (their variable scopes),
   overriding make_layer_stack's names. Every layer is wrapped in the
-  sublayer pipelines of `transformer.LayerStack`. The stack updates the
+  sublayer pipelines, run by the code `transformer.LayerStack` runs them
+  with (their base, `SublayerRunner`; like the original's, this stack is a
+  TransformerLayer and no LayerStack). The stack updates the
   Context it is called with (length_dim, position, sequence_id) to the
   pooled sequence and keeps it (`context`), where a BitransformerFunnel
   finds the encoder's pooled sequence ids.
@@ -101,14 +104,8 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
     self.block_param_size = block_param_size
     self.block_repeat_size = block_repeat_size
     self.pooling_size = pooling_size
-    # The pipelines of a LayerStack built with the same arguments.
-    defaults = transformer.LayerStack(
-        [], sublayers_initial, sublayers_per_layer, sublayers_final)
-    # pylint: disable=protected-access
-    self._sublayers_initial = defaults._sublayers_initial
-    self._sublayers_per_layer = defaults._sublayers_per_layer
-    self._sublayers_final = defaults._sublayers_final
-    # pylint: enable=protected-access
+    self._set_sublayers(
+        sublayers_initial, sublayers_per_layer, sublayers_final)
     self.pool_fn = _POOL_FNS[pooling_type]
     self.n_submodules = n_submodules
     self._context = None
@@ -141,7 +138,7 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
     """Runs the blocks, pooling at the start of every block after the
     first; returns the pooled output and updates `context`."""
     x = self._call_sublayers(self._sublayers_initial, x, context)
-    _append_layer_output(context, x)
+    layer_stack.append_layer_output(context, x)
     total_calls = sum(p * r for p, r in zip(self.block_param_size,
                                             self.block_repeat_size))
     total_calls *= self.n_submodules
@@ -156,7 +153,7 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
                                  + sub]
             layer.set_name(f"funnel_block_{block:03d}/param_idx_{param:03d}/"
                            f"submodule_{sub:03d}")
-            with tf.compat.v1.variable_scope(layer.name):
+            with layer_stack.layer_scope(layer):
               x = self._layer_fn(x, layer, context)
             if block > 0 and param == 0 and repeat == 0 and sub == 0:
               x = mtf.pool_tensor_1d(x, pool_dim=context.length_dim,
@@ -165,38 +162,14 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
               self.update_context(context, x, context.length_dim.name)
             calls += 1
             if calls != total_calls:
-              _append_layer_output(context, x)
+              layer_stack.append_layer_output(context, x)
             context.layer_index += 1
       first_group += self.block_param_size[block]
     x = self._call_sublayers(self._sublayers_final, x, context)
     x = transformer.sublayer_mask_padding(x, self, context)
-    _append_layer_output(context, x)
+    layer_stack.append_layer_output(context, x)
     self.set_context(context)
     return x
-
-  def _call_sublayers(self, sublayers, x, context):
-    for s in sublayers:
-      x = s(x, self, context)
-    return x
-
-  def _layer_fn(self, x, layer, context):
-    """Runs one layer's sublayers; checks the result is shaped like x."""
-    context.current_layer = layer
-    context.current_layer_input = x
-    y = self._call_sublayers(self._sublayers_per_layer, x, context)
-    if y.shape != context.current_layer_input.shape:
-      raise ValueError(
-          f"Layer {type(layer).__name__} ({layer.name}) returned a misshaped "
-          f"output: its input is {x.shape}, its output {y.shape}.")
-    return y
-
-  @property
-  def layers(self):
-    return self._layers
-
-  @property
-  def num_layers(self):
-    return len(self._layers)
 
   def set_context(self, context):
     self._context = context
@@ -205,11 +178,6 @@ class FunnelTransformerLayerStack(transformer.TransformerLayer):
   def context(self):
     """The Context of the last call (with the pooled length)."""
     return self._context
-
-
-def _append_layer_output(context, x):
-  if context.layer_outputs is not None:
-    context.layer_outputs.append(x)
 
 
 @gin.configurable(module=_GIN_MODULE)

@@ -122,6 +122,17 @@ def test_same_under_layouts(mode, layouts):
                                           layouts=layouts, modes=(mode,))
 
 
+def test_runs_its_layers_with_the_layer_stacks_code():
+  """The funnel wraps its layers in sublayers with LayerStack's own code
+  (they share a base class), not a copy of it; it is still no LayerStack."""
+  stack = _stack([_Zero(), _Zero(), _Zero(), _Zero()])
+  for name in ("_call_sublayers", "_layer_fn", "layers", "num_layers"):
+    assert (getattr(funnel_transformer.FunnelTransformerLayerStack, name)
+            is getattr(transformer.LayerStack, name)), name
+  assert not isinstance(stack, transformer.LayerStack)
+  assert stack.num_layers == 4
+
+
 def test_rejects_inconsistent_sizes():
   with pytest.raises(ValueError, match="block_param_size"):
     _stack([_Zero()] * 4, block_param_size=[1, 1, 1])

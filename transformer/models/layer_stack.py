@@ -6,8 +6,9 @@ layer modules build on: `TransformerLayer`, `Context`, the decoding modes
 `make_layer_stack`. These are names of the original's
 `mesh_tensorflow.transformer.transformer` module, which re-exports them; gin
 registers them under that module's name (`GIN_MODULE`), as the original
-did. Stacks written elsewhere (`PipelinedLayerStack`) subclass `LayerStack`
-and share its `append_layer_output` and `layer_scope`.
+did. Stacks written elsewhere subclass `LayerStack` (`PipelinedLayerStack`)
+or, when they are no LayerStack, its base `SublayerRunner` (the funnel
+transformer's), and share `append_layer_output` and `layer_scope`.
 
 Layers record their hyperparameters when constructed and create their
 variables (through `mtf.get_variable`) when called, so the same objects
@@ -244,8 +245,54 @@ class Context:
     return self.position
 
 
+class SublayerRunner(TransformerLayer):
+  """Runs layers wrapped in three pipelines of sublayer functions.
+
+  The part of a stack that `LayerStack` and the funnel transformer's stack
+  (which is no LayerStack, as in the original) share: the pipelines
+  `_sublayers_initial`, `_sublayers_per_layer` and `_sublayers_final` (see
+  `sublayers.py`), how one of them runs, and how one layer runs through
+  the per-layer pipeline. Subclasses set `_layers` and write `call`.
+  """
+
+  def _set_sublayers(self, initial, per_layer, final):
+    """Sets the pipelines; an unset one gets the one defaults.gin binds, so
+    that a stack built without gin is the usual pre-norm residual stack."""
+    self._sublayers_initial = (
+        [sublayer_dropout] if initial is None else initial)
+    self._sublayers_per_layer = (
+        [sublayer_rms_norm, sublayer_call_layer, sublayer_dropout,
+         sublayer_residual] if per_layer is None else per_layer)
+    self._sublayers_final = (
+        [sublayer_rms_norm, sublayer_dropout] if final is None else final)
+
+  def _call_sublayers(self, sublayers, x, context):
+    for s in sublayers:
+      x = s(x, self, context)
+    return x
+
+  def _layer_fn(self, x, layer, context):
+    """Runs one layer's sublayers; checks the result is shaped like x."""
+    context.current_layer = layer
+    context.current_layer_input = x
+    y = self._call_sublayers(self._sublayers_per_layer, x, context)
+    if y.shape != x.shape:
+      raise ValueError(
+          f"Layer {type(layer).__name__} ({layer.name}) returned a misshaped "
+          f"output: its input is {x.shape}, its output {y.shape}.")
+    return y
+
+  @property
+  def num_layers(self):
+    return len(self.layers)
+
+  @property
+  def layers(self):
+    return self._layers
+
+
 @gin.configurable(module=GIN_MODULE)
-class LayerStack(TransformerLayer):
+class LayerStack(SublayerRunner):
   """A stack of layers, each wrapped in a pipeline of sublayer functions.
 
   The sublayers (see `sublayers.py`) say how a layer is wrapped: the usual
@@ -298,15 +345,8 @@ class LayerStack(TransformerLayer):
     if dropout_rate is not None:
       self._legacy_init(dropout_rate, norm_epsilon)
     else:
-      # Unset pipelines get the ones defaults.gin binds, so a LayerStack
-      # built without gin is the usual pre-norm residual stack.
-      if sublayers_initial is None:
-        self._sublayers_initial = [sublayer_dropout]
-      if sublayers_per_layer is None:
-        self._sublayers_per_layer = [sublayer_rms_norm, sublayer_call_layer,
-                                     sublayer_dropout, sublayer_residual]
-      if sublayers_final is None:
-        self._sublayers_final = [sublayer_rms_norm, sublayer_dropout]
+      self._set_sublayers(
+          sublayers_initial, sublayers_per_layer, sublayers_final)
 
   def _legacy_init(self, dropout_rate, norm_epsilon):
     """The pipeline of old checkpoints, for dropout_rate/norm_epsilon."""
@@ -345,30 +385,6 @@ class LayerStack(TransformerLayer):
     x = sublayer_mask_padding(x, self, context)
     append_layer_output(context, x)
     return x
-
-  def _call_sublayers(self, sublayers, x, context):
-    for s in sublayers:
-      x = s(x, self, context)
-    return x
-
-  def _layer_fn(self, x, layer, context):
-    """Runs one layer's sublayers; checks the result is shaped like x."""
-    context.current_layer = layer
-    context.current_layer_input = x
-    y = self._call_sublayers(self._sublayers_per_layer, x, context)
-    if y.shape != x.shape:
-      raise ValueError(
-          f"Layer {type(layer).__name__} ({layer.name}) returned a misshaped "
-          f"output: its input is {x.shape}, its output {y.shape}.")
-    return y
-
-  @property
-  def num_layers(self):
-    return len(self.layers)
-
-  @property
-  def layers(self):
-    return self._layers
 
 
 def append_layer_output(context, x):
