@@ -134,3 +134,20 @@ def test_optimizer_slots_go_through_the_creators():
     mtf.optimize.AdamWeightDecayOptimizer(0.1).apply_grads(
         [grad], [w.operation])
   assert ("w/adam_m", True) in seen and ("w/adam_v", True) in seen
+
+
+def test_a_graphs_creators_run_for_its_variables_only():
+  graph, mesh = _graph()
+  seen = []
+
+  def creator(next_creator, request):
+    seen.append(request.name)
+    return next_creator(request)
+
+  graph.add_variable_creator(creator)
+  graph.add_variable_creator(creator)  # once only
+  assert graph.variable_creators == (creator,)
+  mtf.get_variable(mesh, "v", [D])
+  _, other_mesh = _graph()
+  mtf.get_variable(other_mesh, "w", [D])
+  assert seen == ["v"]
