@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer.layers import dense_layers
+from mesh_tensorflow.transformer.layers import multihead_attention
 from mesh_tensorflow.transformer.layers import seeded_initializers
 from mesh_tensorflow.transformer.layers import self_attention_layers
 from mesh_tensorflow.transformer import transformer
@@ -113,30 +114,24 @@ class AttentionParamsFixup(attention.AttentionParams):
   "o_fixup", as in the original.
   """
 
-  def __init__(self,
-               mesh,
-               query_input_dim,
-               memory_input_dim,
-               output_dim,
-               key_dim,
-               value_dim,
-               query_heads_dims,
-               memory_heads_dims,
-               variable_dtype,
-               shared_kv=False,
-               fold_scaling_into_initializer=False,
-               num_blocks=None,
-               default_init="he",
-               init_distribution="uniform",
-               **kwargs):
+  # The original's signature: AttentionParams' parameters up to shared_kv,
+  # fold_scaling_into_initializer (default False), then Fixup's own; the
+  # others of AttentionParams go through **kwargs.
+  @multihead_attention.extends_params(
+      omit=("no_query", "combine_dims", "ensemble_dim",
+            "keep_query_heads_dims", "make_attention_vars"),
+      defaults={"fold_scaling_into_initializer": False})
+  def __init__(self, base, num_blocks=None, default_init="he",
+               init_distribution="uniform", **kwargs):
     """Creates the variables.
 
     Args:
-      mesh, query_input_dim, memory_input_dim, output_dim, key_dim,
-        value_dim, query_heads_dims, memory_heads_dims, variable_dtype,
-        shared_kv: as for `attention.AttentionParams`.
-      fold_scaling_into_initializer: must be False (Fixup's initial scales
-        leave no room for the logits' scaling).
+      base: AttentionParams' arguments mesh, query_input_dim,
+        memory_input_dim, output_dim, key_dim, value_dim, query_heads_dims,
+        memory_heads_dims, variable_dtype, shared_kv (see
+        `attention.AttentionParams`), and fold_scaling_into_initializer,
+        which must be False (Fixup's initial scales leave no room for the
+        logits' scaling); the signature takes them by position or name.
       num_blocks: an integer, the number of residual branches of the model
         (e.g. 2 per encoder layer and 3 per decoder layer).
       default_init: "he" or "glorot".
@@ -151,7 +146,7 @@ class AttentionParamsFixup(attention.AttentionParams):
     if mtf.layers.unit_scaling_convention():
       raise ValueError("AttentionParamsFixup: Fixup initialization is not "
                        "compatible with the unit scaling convention.")
-    if fold_scaling_into_initializer:
+    if base["fold_scaling_into_initializer"]:
       raise ValueError("AttentionParamsFixup: Fixup initialization is not "
                        "compatible with fold_scaling_into_initializer=True.")
     if not isinstance(num_blocks, int) or num_blocks < 1:
@@ -161,12 +156,7 @@ class AttentionParamsFixup(attention.AttentionParams):
     self.default_init = default_init
     self.init_distribution = init_distribution
     self._ensemble_dim = kwargs.get("ensemble_dim")
-    super().__init__(
-        mesh, query_input_dim, memory_input_dim, output_dim, key_dim,
-        value_dim, query_heads_dims, memory_heads_dims, variable_dtype,
-        shared_kv=shared_kv,
-        fold_scaling_into_initializer=fold_scaling_into_initializer,
-        **kwargs)
+    super().__init__(**base, **kwargs)
 
   def init_weights(self):
     """Creates q_fixup, k_fixup and v_fixup (or kv_fixup), and o_fixup."""

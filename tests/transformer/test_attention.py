@@ -6,6 +6,7 @@ length itself, where the halo exchange spans several blocks and
 processors; T5's relative position buckets against a NumPy re-computation.
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import fixup_layers
 from mesh_tensorflow.transformer import transformer_layers
 from tests import mtf_testing
 from tests.transformer import layer_testing
@@ -282,6 +284,43 @@ def test_attention_params_combine_dims_and_initial_scales():
   np.testing.assert_allclose(stds["q"], (32 * 16) ** -0.5, rtol=0.1)
   np.testing.assert_allclose(stds["k"], 32 ** -0.5, rtol=0.1)
   np.testing.assert_allclose(stds["o"], (8 * 16) ** -0.5, rtol=0.1)
+
+
+_SUBCLASSES = (attention.ExpertsAttentionParams,
+               fixup_layers.AttentionParamsFixup)
+
+
+@pytest.mark.parametrize("cls", _SUBCLASSES, ids=lambda c: c.__name__)
+def test_attention_params_subclasses_write_none_of_its_parameters(cls):
+  """AttentionParams' parameter list is written once: its subclasses'
+  __init__ list only their own (their signatures are built from its)."""
+  base = set(inspect.signature(attention.AttentionParams).parameters)
+  written = inspect.signature(inspect.unwrap(cls.__init__)).parameters
+  assert not base & set(written), sorted(base & set(written))
+
+
+def test_attention_params_subclasses_bind_arguments_as_the_original():
+  """Positional and keyword arguments land where the original's explicit
+  parameter lists put them, and their checks name the class."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  d_model, heads, d_kv = (mtf.Dimension("d_model", 8),
+                          mtf.Dimension("heads", 2), mtf.Dimension("d_kv", 4))
+  dims = (mesh, d_model, d_model, d_model, d_kv, d_kv, [heads], [heads],
+          mtf.VariableDType())
+  fixup = fixup_layers.AttentionParamsFixup(
+      *dims, True, False, 3, "glorot", ensemble_dim=None, no_query=True)
+  assert (fixup.shared_kv, fixup.fold_scaling_into_initializer,
+          fixup.num_blocks, fixup.default_init, fixup.init_distribution,
+          fixup.no_query) == (True, False, 3, "glorot", "uniform", True)
+  assert not hasattr(fixup, "wq") and "kv_fixup" in fixup.wkv.name
+  with pytest.raises(ValueError, match="AttentionParamsFixup: num_blocks"):
+    fixup_layers.AttentionParamsFixup(*dims)
+  with pytest.raises(ValueError, match="invalid expert_computation 'x'"):
+    attention.ExpertsAttentionParams(
+        *dims, True, False, True, None, False, True, None, None, "x")
+  with pytest.raises(TypeError):
+    attention.ExpertsAttentionParams(*dims, make_attention_vars=False)
 
 
 class _LayoutModel:

@@ -24,7 +24,8 @@ class ExpertsAttentionParams(multihead_attention.AttentionParams):
   Requires combine_dims=True and shared_kv=True (keys and values are one
   projection), as the original did.
 
-  Args (besides AttentionParams'):
+  Args (its signature takes AttentionParams' first, less
+  make_attention_vars: see `multihead_attention.extends_params`):
     context: the transformer.Context of the call (the MoE needs it).
     experts_hparams: an moe.HParams with the MoE1D settings: moe_gating,
       num_experts, loss_coef, group_size, min_expert_capacity,
@@ -34,32 +35,16 @@ class ExpertsAttentionParams(multihead_attention.AttentionParams):
     expert_computation: "qkv", "q" or "kv" (see the module docstring).
   """
 
-  def __init__(self,
-               mesh,
-               query_input_dim,
-               memory_input_dim,
-               output_dim,
-               key_dim,
-               value_dim,
-               query_heads_dims,
-               memory_heads_dims,
-               variable_dtype,
-               shared_kv=False,
-               no_query=False,
-               combine_dims=True,
-               ensemble_dim=None,
-               keep_query_heads_dims=False,
-               fold_scaling_into_initializer=True,
-               context=None,
-               experts_hparams=None,
+  @multihead_attention.extends_params(omit=("make_attention_vars",))
+  def __init__(self, base, context=None, experts_hparams=None,
                expert_computation="qkv"):
     if expert_computation not in EXPERT_COMPUTATIONS:
       raise ValueError(
           f"ExpertsAttentionParams: invalid expert_computation "
           f"{expert_computation!r}; expected one of {EXPERT_COMPUTATIONS}.")
-    if not combine_dims:
+    if not base["combine_dims"]:
       raise ValueError("ExpertsAttentionParams needs combine_dims=True.")
-    if not shared_kv:
+    if not base["shared_kv"]:
       raise ValueError("ExpertsAttentionParams needs shared_kv=True (the "
                        "experts compute one projection for keys and "
                        "values).")
@@ -70,31 +55,21 @@ class ExpertsAttentionParams(multihead_attention.AttentionParams):
     if experts_hparams is None or context is None:
       raise ValueError("ExpertsAttentionParams needs a context and "
                        "experts_hparams.")
-    super().__init__(
-        mesh=mesh, query_input_dim=query_input_dim,
-        memory_input_dim=memory_input_dim, output_dim=output_dim,
-        key_dim=key_dim, value_dim=value_dim,
-        query_heads_dims=query_heads_dims,
-        memory_heads_dims=memory_heads_dims, variable_dtype=variable_dtype,
-        shared_kv=shared_kv, no_query=no_query, combine_dims=combine_dims,
-        ensemble_dim=ensemble_dim,
-        keep_query_heads_dims=keep_query_heads_dims,
-        fold_scaling_into_initializer=fold_scaling_into_initializer,
-        make_attention_vars=False)
+    super().__init__(**base, make_attention_vars=False)
     self.context = context
     self.expert_computation = expert_computation
     if expert_computation == "q":
       self.wkv = mtf.get_variable(
-          mesh, "kv", self.k_shape,
+          self.mesh, "kv", self.k_shape,
           initializer=multihead_attention._seeded_normal_initializer(
-              "kv", memory_input_dim.size ** -0.5),
-          dtype=variable_dtype)
+              "kv", self.memory_input_dim.size ** -0.5),
+          dtype=self.variable_dtype)
     elif expert_computation == "kv":
       self.wq = mtf.get_variable(
-          mesh, "q", self.q_shape,
+          self.mesh, "q", self.q_shape,
           initializer=multihead_attention._seeded_normal_initializer(
-              "q", query_input_dim.size ** -0.5),
-          dtype=variable_dtype)
+              "q", self.query_input_dim.size ** -0.5),
+          dtype=self.variable_dtype)
     q_size, k_size = self.q_shape[-1].size, self.k_shape[-1].size
     if expert_computation == "qkv" and q_size != k_size:
       raise ValueError(

@@ -8,7 +8,8 @@ dimensions say which are contracted and which one the softmax runs over.
 variables of multi-head attention and applies them. These are names of the
 original's `mesh_tensorflow.transformer.attention` module, which re-exports
 them with the variants built on them (`attention_variants`,
-`local_attention`, `experts_attention_params`).
+`local_attention`, `experts_attention_params`). Its subclasses take its
+parameters through `extends_params`, which writes them once.
 
 Where this differs from the original: initial values are the original's
 normal distributions, seeded by the variable's name so that every layout
@@ -16,6 +17,8 @@ starts alike; `compute_output` with keep_query_heads_dims also works with
 combine_dims.
 """
 
+import functools
+import inspect
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.randomness import tf_initializers
@@ -350,6 +353,52 @@ class AttentionParams(object):
   @property
   def o_dims(self):
     return self.query_heads_dims + [self.value_dim]
+
+
+def extends_params(omit=(), defaults=None):
+  """Gives a subclass's __init__ AttentionParams' parameters, then its own.
+
+  The original's subclasses (ExpertsAttentionParams, AttentionParamsFixup)
+  repeat AttentionParams' long parameter list, and programs pass those
+  arguments by position or by name. Here the list is written once, in
+  AttentionParams.__init__: the decorated `__init__(self, base, <own>)`
+  takes AttentionParams' parameters (less `omit`, with the `defaults`
+  changed) and then its own, in that order, as its signature says, and
+  receives in `base` a dict of the former, defaults filled in, to hand on
+  with `super().__init__(**base)`. Its own `**kwargs`, if any, collects the
+  other keyword arguments.
+
+  Args:
+    omit: names of AttentionParams' parameters the subclass does not take
+      (or takes only through its **kwargs).
+    defaults: a dict, parameter name -> the subclass's default.
+
+  Returns:
+    a decorator of `__init__`.
+  """
+  defaults = defaults or {}
+  base = [p.replace(default=defaults.get(p.name, p.default))
+          for p in inspect.signature(AttentionParams).parameters.values()
+          if p.name not in omit]
+
+  def decorate(init):
+    self_param, _, *own = inspect.signature(init).parameters.values()
+    signature = inspect.Signature([self_param] + base + own)
+    var_keyword = [p.name for p in own if p.kind == p.VAR_KEYWORD]
+
+    @functools.wraps(init)
+    def wrapper(*args, **kwargs):
+      bound = signature.bind(*args, **kwargs)
+      bound.apply_defaults()
+      arguments = dict(bound.arguments)
+      base_arguments = {p.name: arguments.pop(p.name) for p in base}
+      extra = arguments.pop(var_keyword[0]) if var_keyword else {}
+      return init(base=base_arguments, **arguments, **extra)
+
+    wrapper.__signature__ = signature
+    return wrapper
+
+  return decorate
 
 
 def _seeded_normal_initializer(name, stddev):
