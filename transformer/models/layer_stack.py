@@ -251,7 +251,7 @@ class SublayerRunner(TransformerLayer):
   The part of a stack that `LayerStack` and the funnel transformer's stack
   (which is no LayerStack, as in the original) share: the pipelines
   `_sublayers_initial`, `_sublayers_per_layer` and `_sublayers_final` (see
-  `sublayers.py`), how one of them runs, and how one layer runs through
+  `layers/sublayers.py`), how one of them runs, and how one layer runs through
   the per-layer pipeline. Subclasses set `_layers` and write `call`.
   """
 
@@ -295,7 +295,7 @@ class SublayerRunner(TransformerLayer):
 class LayerStack(SublayerRunner):
   """A stack of layers, each wrapped in a pipeline of sublayer functions.
 
-  The sublayers (see `sublayers.py`) say how a layer is wrapped: the usual
+  The sublayers (see `layers/sublayers.py`) say how a layer is wrapped: the usual
   pre-norm residual block is `[sublayer_rms_norm, sublayer_call_layer,
   sublayer_dropout, sublayer_residual]`. After `sublayers_final` padding is
   zeroed. Every layer runs under its name's variable scope
