@@ -297,9 +297,10 @@ class LayerStack(SublayerRunner):
 
   The sublayers (see `layers/sublayers.py`) say how a layer is wrapped:
   the usual pre-norm residual block is `[sublayer_rms_norm,
-  sublayer_call_layer, sublayer_dropout, sublayer_residual]`. After `sublayers_final` padding is
-  zeroed. Every layer runs under its name's variable scope
-  (`make_layer_stack` names them `block_000/layer_000`, ...).
+  sublayer_call_layer, sublayer_dropout, sublayer_residual]`. After
+  `sublayers_final` padding is zeroed. Every layer runs under its name's
+  variable scope (`make_layer_stack` names them `block_000/layer_000`,
+  ...).
   """
 
   def __init__(self,
