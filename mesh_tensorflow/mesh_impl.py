@@ -79,6 +79,13 @@ class MeshImpl(layout_geometry.LayoutGeometry,
   `tf.train.Checkpoint(model=mesh_impl)` saves them by mtf name,
   independently of the layout (see `checkpointing`).
 
+  Lowering changes nothing here. What one lowering step depends on (the
+  layout as its operation sees it, idle processors, where collectives are
+  counted) is a LoweringContext; `bound(context)`, and `replicating`,
+  `idle_processors` and `counting`, give views of this implementation in
+  another context, sharing its devices, variables and caches. So one
+  implementation serves several lowerings at once.
+
   Args:
     shape: the mesh shape, e.g. "rows:2;cols:4" or a list of Dimensions.
     layout_rules: e.g. "batch:rows;hidden:cols" or a LayoutRules.
@@ -100,6 +107,9 @@ class MeshImpl(layout_geometry.LayoutGeometry,
     self._context = lowering_context.LoweringContext(layout_rules)
     self._variable_store = variable_store_lib.VariableStore(
         checkpoint_root=self)
+    # Its checkpoint dependencies (the variables the store tracks under it)
+    # are containers made now, filled as variables are created.
+    self._maybe_initialize_trackable()
 
   def __repr__(self):
     rules = ";".join(f"{t}:{m}" for t, m in self._layout_rules)
