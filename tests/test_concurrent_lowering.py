@@ -160,3 +160,18 @@ def test_two_lowerings_at_once_match_one_after_the_other(kind):
       np.testing.assert_array_equal(out[name], seq_out[name])
     assert counters == seq_counters
     assert any(k.startswith("comm/allreduce/s/") for k in counters)
+
+
+def test_a_lowering_creating_variables_changes_no_attribute():
+  """Variables (and the random step counter) go into the implementation's
+  variable store and checkpoint dependencies, made with it."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("a:2;b:4", "x:a")
+  before = _snapshot(impl)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  w = mtf.get_variable(mesh, "w", mtf.Shape([mtf.Dimension("x", 4),
+                                             mtf.Dimension("y", 3)]))
+  y = mtf.dropout(w, is_training=True, keep_prob=0.5)
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  assert lowering.export_to_tf_tensor(y).shape == [4, 3]
+  _assert_unchanged(impl, before)
