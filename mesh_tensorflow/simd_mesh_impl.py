@@ -328,15 +328,16 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     if self._collectives.name != "tpu":
       return slices[0]
     key = id(slices[0])
-    if key not in self._replicated:
-      replicated = tpu_variables.ReplicatedVariable(
-          name, [slices[logical] for logical in self._physical_to_logical])
-      # Outside a TPU replicate context it stands for its first variable
-      # (physical processor 0's); calls per device substitute their own.
-      self._per_device_captures[id(replicated.variables[0].handle)] = [
-          v.handle for v in slices]
-      self._replicated[key] = replicated
-    return self._replicated[key]
+    with self.variable_store.lock:  # Lowerings on several threads share it.
+      if key not in self._replicated:
+        replicated = tpu_variables.ReplicatedVariable(
+            name, [slices[logical] for logical in self._physical_to_logical])
+        # Outside a TPU replicate context it stands for its first variable
+        # (physical processor 0's); calls per device substitute their own.
+        self._per_device_captures[id(replicated.variables[0].handle)] = [
+            v.handle for v in slices]
+        self._replicated[key] = replicated
+      return self._replicated[key]
 
   def _dispatch(self, concrete, *args):
     """Calls `concrete` once per device, each with its own variables."""
