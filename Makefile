@@ -50,7 +50,7 @@ BOTH_SETTINGS_TESTS := \
 	"tests/test_random_programs.py::test_random_programs_agree_with_one_processor[0]" \
 	tests/transformer/test_pipelined_run_modes.py::test_perplexity_eval_is_the_plain_models \
 	tests/bert/test_bert.py
-PYTEST := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 -q
+PYTEST := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 --dist loadgroup -q
 
 test: $(STAMP) $(T5_STAMP)
 	TF_ENABLE_ONEDNN_OPTS=$(ONEDNN) $(PYTEST) --durations=25 tests
