@@ -474,9 +474,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     tensor_shape = shape_lib.convert_to_shape(tensor_shape)
     tf_tensor = tf.convert_to_tensor(tf_tensor)
     slice_shape = self.slice_shape(tensor_shape)
-    if slice_shape == tensor_shape.to_integer_list:
+    axes = self.padded_axes(tensor_shape)
+    # A dimension of size 1 split unevenly is padded on all but one
+    # processor, though its slices have its full size.
+    if not axes and slice_shape == tensor_shape.to_integer_list:
       return LaidOutTensor([tf_tensor])
-    tf_tensor = padding.pad_full(tf_tensor, self.padded_axes(tensor_shape))
+    tf_tensor = padding.pad_full(tf_tensor, axes)
     begin = tf.stack([tf.cast(b, tf.int32)
                       for b in self._slice_begin_tensor(tensor_shape)])
     return LaidOutTensor([slice_utils.tf_slice(tf_tensor, begin,

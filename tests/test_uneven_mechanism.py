@@ -163,3 +163,13 @@ def test_an_operation_without_padding_support_is_gathered_around():
 def test_without_the_switch_the_same_program_is_refused():
   with pytest.raises(mtf.IndivisibleError, match="allow_uneven"):
     _lower_custom_op(False)
+
+
+@pytest.mark.parametrize("mode", ["eager", "simd"])
+def test_a_dimension_of_size_1_split_unevenly_is_padded_on_import(mode):
+  """Its slices have its full size, yet all but the first hold padding
+  (zeros): importing must still cut and pad it."""
+  mtf_testing.check_op(
+      lambda mesh, t: {"y": t["x"] * 2.0}, lambda x: {"y": x * 2.0},
+      {"x": (np.ones((3, 1), np.float32), ["d", "n"])}, "all:8",
+      mtf.LayoutRules([("n", "all")], allow_uneven=True), mode)

@@ -225,14 +225,18 @@ class LayoutGeometry:
     padded with zeros where the split is uneven."""
     tensor_shape = shape_lib.convert_to_shape(tensor_shape)
     slice_shape = self.slice_shape(tensor_shape)
-    tf_tensor = padding.pad_full(tf_tensor, self.padded_axes(tensor_shape))
+    axes = self.padded_axes(tensor_shape)
+    tf_tensor = padding.pad_full(tf_tensor, axes)
+    # A dimension of size 1 split unevenly has slices of its full size but
+    # is padded: only an unpadded tensor of the slice shape is whole.
+    whole = not axes and slice_shape == tensor_shape.to_integer_list
     by_begin = {}
     result = []
     for pnum in range(self.size):
       begin = tuple(self.slice_begin(tensor_shape, pnum))
       if begin not in by_begin:
         by_begin[begin] = (
-            tf_tensor if slice_shape == tensor_shape.to_integer_list else
+            tf_tensor if whole else
             slice_utils.tf_slice(tf_tensor, list(begin), slice_shape))
       result.append(by_begin[begin])
     return result
