@@ -1,9 +1,12 @@
 """Concatenation, slicing and padding along one named dimension.
 
-These act on each slice locally, so the dimension they work along must not be
-split across the mesh (a clear LayoutError says so at lowering). Under
-uneven splits the other dimensions may be padded: the padding keeps its
-place in each slice and stays zero (pad adds zeros).
+Concat acts on each slice locally, so its dimension must not be split
+across the mesh (a clear LayoutError says so at lowering). Slice and pad
+may act along a split dimension, even or uneven: they re-partition it
+(`backend.regrid`), moving only the rows that change processor, or gather
+it when the cost rule finds that cheaper. Under uneven splits the other
+dimensions may be padded: the padding keeps its place in each slice and
+stays zero (pad adds zeros).
 """
 
 import tensorflow as tf
@@ -11,6 +14,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import regrid
 from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
 
@@ -94,8 +98,7 @@ class SliceOperation(graph_lib.Operation):
     self._dim_name = slice_dim_name
     self._outputs = [graph_lib.Tensor(
         self, x.shape.resize_dimension(slice_dim_name, size), x.dtype)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", [slice_dim_name])
+    self._initialize_splittable_and_unsplittable_dims("splittable")
 
   def gradient(self, grad_ys):
     dim_size = self._inputs[0].shape[self._axis].size
@@ -103,8 +106,17 @@ class SliceOperation(graph_lib.Operation):
     return [pad(grad_ys[0], [self._begin, dim_size - self._begin - size],
                 self._dim_name)]
 
+  @property
+  def axis(self):
+    """The tensor axis of the sliced dimension."""
+    return self._axis
+
+  @property
+  def shift(self):
+    """out[j] = in[j + shift] along the sliced dimension."""
+    return self._begin
+
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     axis, begin = self._axis, self._begin
     size = self._outputs[0].shape[axis].size
 
@@ -115,11 +127,7 @@ class SliceOperation(graph_lib.Operation):
       sizes[axis] = size
       return slice_utils.tf_slice(x, starts, sizes)
 
-    lowering.set_tensor_lowering(
-        self._outputs[0], impl.slicewise(fn, lowering.tensors[self._inputs[0]]))
-
-
-cost_rules.register(SliceOperation, cost_rules.SLICEWISE)
+    _lower_along(self, lowering, fn)
 
 
 def mtf_slice(x, begin, size, slice_dim_name, name=None):
@@ -149,14 +157,23 @@ class PadOperation(graph_lib.Operation):
     size = x.shape[self._axis].size + before + after
     self._outputs = [graph_lib.Tensor(
         self, x.shape.resize_dimension(dim_name, size), x.dtype)]
-    self._initialize_splittable_and_unsplittable_dims("splittable", [dim_name])
+    self._initialize_splittable_and_unsplittable_dims("splittable")
 
   def gradient(self, grad_ys):
     return [mtf_slice(grad_ys[0], self._paddings[0],
                       self._inputs[0].shape[self._axis].size, self._dim_name)]
 
+  @property
+  def axis(self):
+    """The tensor axis of the padded dimension."""
+    return self._axis
+
+  @property
+  def shift(self):
+    """out[j] = in[j + shift] along the padded dimension."""
+    return -self._paddings[0]
+
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     axis, paddings = self._axis, self._paddings
 
     def fn(x):
@@ -164,11 +181,68 @@ class PadOperation(graph_lib.Operation):
       pads[axis] = list(paddings)
       return slice_utils.tf_pad(x, pads)
 
-    lowering.set_tensor_lowering(
-        self._outputs[0], impl.slicewise(fn, lowering.tensors[self._inputs[0]]))
+    _lower_along(self, lowering, fn)
 
 
-cost_rules.register(PadOperation, cost_rules.SLICEWISE)
+def _lower_along(op, lowering, local_fn):
+  """Lowers a slice or pad `op` (out[j] = in[j + op.shift] along its
+  dimension): `local_fn` on each slice when the dimension is whole; when it
+  is split, a re-partition by permutes (`regrid`) or, when the cost rule
+  finds that cheaper, the dimension gathered, `local_fn`, and the result
+  split again."""
+  impl = lowering.mesh_impl(op)
+  x = lowering.laid_out_tensor(op.inputs[0])
+  axis = op.axis
+  in_shape, out_shape = op.inputs[0].shape, op.outputs[0].shape
+  in_axis = impl.tensor_dimension_to_mesh_axis(in_shape[axis])
+  out_axis = impl.tensor_dimension_to_mesh_axis(out_shape[axis])
+  if in_axis is None and out_axis is None:
+    lowering.set_tensor_lowering(op.outputs[0], impl.slicewise(local_fn, x))
+    return
+  if in_axis == out_axis:
+    k = impl.shape[in_axis].size
+    the_plan = regrid.plan(in_shape[axis].size, out_shape[axis].size, k,
+                           op.shift)
+    if not the_plan.gathers(k):
+      lowering.set_tensor_lowering(
+          op.outputs[0], regrid.regrid(impl, x, axis, in_axis, the_plan))
+      return
+  name = {in_shape[axis].name}
+  y = impl.slicewise(local_fn, impl.gather_dimensions(x, in_shape, name))
+  lowering.set_tensor_lowering(
+      op.outputs[0], impl.split_dimensions(y, out_shape, name))
+
+
+@cost_rules.rule_for(SliceOperation, PadOperation)
+class _AlongCost(cost_rules.AlongDimensionCost):
+  """Along a split dimension: a receive per offset of `regrid.plan`, or
+  one allconcat when the plan gathers (as `_lower_along` lowers)."""
+
+  def dimension(self, info):
+    return info.in_dims[0][info.op.axis]
+
+  def attributes(self, info):
+    op = info.op
+    return (tuple(self.dimension(info)),
+            info.out_dims[0][op.axis][1],
+            op.shift)
+
+  def collectives_along(self, info, layout, mesh_dim):
+    op = info.op
+    k = layout.sizes[mesh_dim]
+    the_plan = regrid.plan(self.dimension(info)[1],
+                           info.out_dims[0][op.axis][1],
+                           k, op.shift)
+    in_bytes = cost_rules.slice_bytes(layout, info.in_dims[0],
+                                      info.in_itemsize[0])
+    if the_plan.gathers(k):
+      return [cost_rules.collective(layout, "allconcat", (mesh_dim,),
+                                    in_bytes)]
+    per_row = in_bytes // the_plan.block
+    return [cost_rules.collective(layout, "receive", (mesh_dim,),
+                                  per_row * the_plan.widths[o],
+                                  the_plan.receivers[o])
+            for o in sorted(the_plan.widths)]
 
 
 def pad(x, paddings, dim_name, name=None):

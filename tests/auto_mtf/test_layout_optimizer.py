@@ -69,11 +69,11 @@ def test_optimize_layout_unsplittable():
   mesh = mtf.Mesh(graph, "my_mesh")
   x1 = mtf.zeros(mesh, "a:10,b:5")
   x2 = mtf.zeros(mesh, "b:5,c:20")
-  # Concatenation and padding cannot split their dimension (the original's
-  # case used unstack, which this package lowers split); b:5 divides by
-  # neither mesh dimension.
+  # Concatenation cannot split its dimension (the original's case used
+  # unstack, and this package lowers unstack, slice and pad split); b:5
+  # divides by neither mesh dimension.
   mtf.concat([x1, x1], "a")
-  mtf.pad(x2, [1, 1], "c")
+  mtf.concat([x2, x2], "c")
   optimizer = layout_optimizer.LayoutOptimizer(
       memory_estimator.MemoryEstimator(graph, "m1:4;m2:2"))
   assert optimizer.solve() == ""

@@ -1,7 +1,9 @@
 """concat, slice and pad against NumPy, and their layout errors.
 
-They act locally on each slice, so the dimension they work along (b) stays
-unsplit while the other dimensions (a, c) take every standard layout.
+Mostly the dimension they work along (b) stays unsplit while the other
+dimensions (a, c) take every standard layout; slice and pad also run with
+b split evenly (test_slice_and_pad_along_split_b; the uneven splits are in
+test_uneven_movement). concat along a split dimension is refused.
 """
 
 import numpy as np
@@ -59,6 +61,19 @@ def test_pad(mesh_shape, layout, mode):
       np_fn, {"x": (_x(4), DIMS)}, mesh_shape, layout, mode)
 
 
+@pytest.mark.parametrize(
+    "mesh_shape,layout,mode", mtf_testing.layout_mode_params(
+        ["b", "a"], modes=("eager", "simd"), layouts=("all8_b", "2d")))
+def test_slice_and_pad_along_split_b(mesh_shape, layout, mode):
+  """b (16) split 8 or 2 ways: re-partitioned by permutes (the slice
+  starts and ends inside blocks). The traced modes run the same lowering
+  in test_uneven_movement."""
+  mtf_testing.check_op(
+      lambda mesh, t: {"y": mtf.slice(t["x"], 3, 8, "b")},
+      lambda x: {"y": x[:, 3:11]},  # its gradient is a pad
+      {"x": (_x(16), DIMS)}, mesh_shape, layout, mode)
+
+
 def test_trivial_cases_return_input():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
@@ -70,8 +85,6 @@ def test_trivial_cases_return_input():
 
 @pytest.mark.parametrize("op_name,build", [
     ("ConcatOperation", lambda x, z: mtf.concat([x, z], "b")),
-    ("SliceOperation", lambda x, z: mtf.slice(x, 0, 8, "b")),
-    ("PadOperation", lambda x, z: mtf.pad(x, [0, 8], "b")),
 ])
 def test_split_dimension_raises_layout_error(op_name, build):
   graph = mtf.Graph()

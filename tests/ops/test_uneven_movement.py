@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import cost_model
+from mesh_tensorflow.backend import regrid
 from tests import mtf_testing
 
 PARAMS = mtf_testing.uneven_layout_mode_params(["b", "n"])
@@ -218,14 +219,67 @@ def test_slice_pad_concat_split_stack(mesh_shape, layout, mode):
       mesh_shape, layout, mode)
 
 
-def test_slicing_along_a_padded_dimension_is_refused():
-  """slice, pad and concat work slicewise: their dimension must stay whole,
-  padded or not."""
+# Slices and pads along the split dimensions "b" and "n" of sizes 5, 7, 12
+# and 100: case -> (input, [(dimension, axis, "slice", begin, size) or
+# (dimension, axis, "pad", before, after)]). On the layouts of PARAMS they
+# cross block boundaries, start and end inside one block, cover whole
+# blocks and leave processors empty.
+ALONG_SPLIT = {
+    "x": (X, [("b", 0, "slice", 1, 3), ("b", 0, "pad", 2, 1),
+              ("n", 1, "slice", 2, 4), ("n", 1, "pad", 5, 0)]),
+    "w": (W, [("b", 0, "slice", 3, 2), ("b", 0, "slice", 6, 6)]),
+    "v": (V, [("n", 0, "slice", 10, 80), ("n", 0, "slice", 37, 5),
+              ("n", 0, "pad", 13, 15)]),
+}
+# What the traced modes (SIMD, function, graph) run, to keep their cost
+# down: a pad of b (5) and a slice of n (100); their gradients are a slice
+# and a pad.
+ALONG_SPLIT_TRACED = {
+    "x": (X, [("b", 0, "pad", 2, 1)]),
+    "v": (V, [("n", 0, "slice", 10, 80)]),
+}
+
+
+def _along_split_case(x, ops):
+  """A check_ops case: each of `ops` (dimension, axis, kind, a, b) applied
+  to input "x"."""
+
+  def build(mesh, t):
+    del mesh
+    return {f"y{i}": (mtf.slice(t["x"], a, b, dim) if kind == "slice" else
+                      mtf.pad(t["x"], [a, b], dim))
+            for i, (dim, _, kind, a, b) in enumerate(ops)}
+
+  def ref(x):
+    out = {}
+    for i, (_, axis, kind, a, b) in enumerate(ops):
+      pads = [(0, 0)] * x.ndim
+      pads[axis] = (a, b)
+      out[f"y{i}"] = (np.take(x, range(a, a + b), axis=axis)
+                      if kind == "slice" else np.pad(x, pads))
+    return out
+
+  return build, ref, {"x": x}
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
+def test_slice_and_pad_along_a_split_dimension(mesh_shape, layout, mode):
+  """Re-partitioned by permutes of the rows that move (backend.regrid);
+  the gradients (pad of a slice, slice of a pad) go the same way."""
+  table = ALONG_SPLIT if mode == "eager" else ALONG_SPLIT_TRACED
+  mtf_testing.check_ops(
+      {name: _along_split_case(*case) for name, case in table.items()},
+      mesh_shape, layout, mode)
+
+
+def test_concat_along_a_padded_dimension_is_refused():
+  """concat works slicewise: its dimension must stay whole, padded or
+  not."""
   layout = mtf.LayoutRules([("n", "all")], allow_uneven=True)
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   x = mtf.zeros(mesh, "b:5,n:7")
-  mtf.slice(x, 1, 3, "n")
+  mtf.concat([x, x], "n")
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(
       "all:8", layout, [""] * 8)
   with pytest.raises(mtf.LayoutError, match="'n'"):
@@ -358,6 +412,9 @@ def _collectives(build, mesh_shape, rules):
         mtf.conv2d(mtf.zeros(mesh, "b:5;h:3;w:3;n:7"),
                    mtf.zeros(mesh, "fh:2;fw:2;n:7;c:3"), (1, 1), "SAME"),
         mtf.max_pool2d(mtf.zeros(mesh, "b:5;h:4;w:4;n:7"))], set()),
+    ("slice_pad_split_padded", lambda mesh, x: [
+        mtf.slice(x, 1, 3, "n"), mtf.pad(x, [2, 1], "b"),
+        mtf.slice(x, 4, 1, "b")], {"receive"}),
     ("shift_padded", lambda mesh, x: [
         mtf.shift(x, 3, "n", wrap=False), mtf.shift(x, -2, "b", wrap=True),
         mtf.shift(x, 5, "n", wrap=True)], {"receive"}),
@@ -368,6 +425,37 @@ def test_padded_movement_lowers_without_gathering(name, build, want):
   around (see test_uneven_mechanism)."""
   del name
   assert _collectives(build, "b:2;m:4", [("b", "b"), ("n", "m")]) == want
+
+
+def test_a_slice_of_100_rows_of_128_split_8_ways():
+  """The first 100 rows lie on blocks p - 1 and p of 16 (p - 2 and p - 1
+  for the last two) of output block p of 13 (padded): two receives move
+  101 rows; gathering (allconcat) would move 896."""
+  the_plan = regrid.plan(128, 100, 8, 0)
+  assert the_plan.widths == {1: 13, 2: 5}
+  assert the_plan.receivers == {1: 7, 2: 2}
+  assert (the_plan.permute_rows(), the_plan.gather_rows(8)) == (101, 896)
+  assert not the_plan.gathers(8)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.constant(_u((128, 2), 4)), "n:128;d:2")
+  mtf.slice(x, 0, 100, "n")
+  rules = mtf.LayoutRules([("n", "all")], allow_uneven=True)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", rules, [""] * 8)
+  counters = dict(mtf.Lowering(graph, {mesh: impl}).counters)
+  assert counters["comm/receive/all/calls"] == 2
+  assert counters["comm/receive/all/wire_bytes"] == 101 * 2 * 4
+  assert cost_model.graph_cost(graph, "all:8", rules).collectives == (
+      cost_model.counted_collectives(counters))
+
+
+def test_slice_and_pad_gather_when_the_plan_says_so(monkeypatch):
+  """When gathering is cheaper (Plan.gathers, forced here) the lowering
+  gathers the dimension with one allconcat, and the cost rule says so."""
+  monkeypatch.setattr(regrid.Plan, "gathers", lambda self, k: True)
+  assert _collectives(
+      lambda mesh, x: [mtf.slice(x, 1, 3, "n"), mtf.pad(x, [2, 1], "n")],
+      "b:2;m:4", [("b", "b"), ("n", "m")]) == {"allconcat"}
 
 
 def test_rank_7_with_three_padded_dimensions():
