@@ -165,14 +165,37 @@ class StackOperation(graph_lib.Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     axis = self._axis
-    y = impl.slicewise(lambda *xs: tf.stack(xs, axis=axis),
-                       *[lowering.tensors[x] for x in self._inputs])
-    if impl.tensor_dimension_to_mesh_axis(self._new_dim) is not None:
-      # Every processor holds all inputs; it keeps its block of the new
-      # dimension (padded with zeros if the split is uneven).
-      y = impl.split_dimensions(y, self._outputs[0].shape,
-                                {self._new_dim.name})
+    xs = [lowering.tensors[x] for x in self._inputs]
+    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._new_dim)
+    if mesh_axis is None:
+      y = impl.slicewise(lambda *xs: tf.stack(xs, axis=axis), *xs)
+    else:
+      # Every processor holds all inputs; it stacks only those of its block
+      # of the new dimension (zeros past the end of an uneven split).
+      block = impl.slice_shape(self._outputs[0].shape)[axis]
+      y = impl.slicewise(
+          lambda pcoord, *xs: _stack_block(xs, pcoord, block, axis),
+          impl.laid_out_pcoord(mesh_axis), *xs)
     lowering.set_tensor_lowering(self._outputs[0], y)
+
+
+def _stack_block(xs, pcoord, block, axis):
+  """Entries [pcoord * block, (pcoord + 1) * block) of tf.stack(xs, axis),
+  zeros past its end: picked by index where `pcoord` is a Python int (each
+  processor's own program), gathered where it is a tensor (one program
+  for all)."""
+  n = len(xs)
+  if isinstance(pcoord, int):
+    zeros = None
+    picked = []
+    for i in range(pcoord * block, (pcoord + 1) * block):
+      if i >= n and zeros is None:
+        zeros = tf.zeros_like(xs[0])
+      picked.append(xs[i] if i < n else zeros)
+    return tf.stack(picked, axis=axis)
+  stacked = tf.stack(list(xs) + [tf.zeros_like(xs[0])], axis=axis)
+  index = tf.minimum(tf.cast(pcoord, tf.int32) * block + tf.range(block), n)
+  return tf.gather(stacked, index, axis=axis)
 
 
 def unstack(x, dim, name=None):

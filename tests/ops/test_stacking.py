@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import reshapes
 from tests import mtf_testing
@@ -266,3 +267,54 @@ def test_import_laid_out_tensor_layout_errors(count, match):
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "a:all")
   with pytest.raises(mtf.LayoutError, match=match):
     mtf.Lowering(graph, {mesh: impl})
+
+
+def _uneven_stack_cases():
+  """stack and unstack of a dimension "n" of sizes 7, 12 and 100 (5 is in
+  test_uneven_movement), split over the mesh as the uneven layouts say."""
+  def case(size, seed):
+    def build(mesh, t):
+      del mesh
+      ys = mtf.unstack(t["x"], "n")
+      return {"stack": mtf.stack([y * float(i % 3 + 1)
+                                  for i, y in enumerate(ys)], "n", axis=1),
+              "first": ys[0], "last": ys[-1]}
+
+    def ref(x):
+      scale = (np.arange(size) % 3 + 1).reshape(1, size, 1)
+      return {"stack": x * scale, "first": x[:, 0], "last": x[:, -1]}
+
+    return build, ref, {"x": (_x((3, size, 2), seed), ["b", "n", "d"])}
+
+  return {f"n{size}": case(size, i) for i, size in enumerate((7, 12, 100))}
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,layout,mode",
+    mtf_testing.uneven_layout_mode_params(["b", "n"], modes=("eager",),
+                                          v1_shapes_layouts=()))
+def test_stack_unstack_of_an_uneven_split_dimension(mesh_shape, layout, mode):
+  # Each processor stacks only its block (no communication); unstack
+  # all-concatenates "n" once for all its outputs.
+  mtf_testing.check_ops(_uneven_stack_cases(), mesh_shape, layout, mode)
+
+
+def test_stack_and_unstack_collectives_match_their_cost_rules():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.constant(_x((3, 7, 2))), "b:3;n:7;d:2")
+  ys = mtf.unstack(x, "n")
+  y = mtf.stack(ys, "n", axis=1)
+  mtf.gradients([mtf.reduce_sum(y * y)], [x])
+  rules = mtf.LayoutRules([("b", "b"), ("n", "m")], allow_uneven=True)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("b:2;m:4", rules,
+                                                   [""] * 8)
+  counters = dict(mtf.Lowering(graph, {mesh: impl}).counters)
+  counted = cost_model.counted_collectives(counters)
+  assert cost_model.graph_cost(graph, "b:2;m:4", rules).collectives == (
+      counted)
+  # The two unstacks (forward, and the gradient of the stack) allconcat
+  # over m; the stacks (forward, and the gradient of the unstack) move
+  # nothing (the loss's pending sum is not lowered).
+  assert {kind for kind, _ in counted} == {"allconcat"}
+  assert counters["comm/allconcat/m/calls"] == 2
