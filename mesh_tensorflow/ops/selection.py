@@ -5,7 +5,12 @@
 dimension, each processor takes the top k of its own block (at most the
 block size), turns the positions into global ones, and the candidates are
 gathered (allconcat) along that mesh dimension; a second, local top k picks
-the answer. Only k values and k indices per block cross the mesh.
+the answer. Only k values and k indices per block cross the mesh, unless
+gathering the blocks themselves moves fewer bytes (a block of at most about
+2k entries): then the dimension is gathered whole (one allconcat) and each
+processor takes the top k of it. The cost rule makes the same choice, and
+the lowering's counters show it (two allconcats or one). A split k_dim is
+cut from the merged result (no communication).
 
 Example on mesh "rows:2;cols:2" with rules "batch:rows;vocab:cols", top 3 of
 logits[batch=4, vocab=8]: processor (r, c) holds batch rows 2r..2r+1 and
@@ -52,9 +57,10 @@ class TopKOperation(graph_lib.Operation):
   default as in the original), both of shape `x.shape - reduced_dim +
   k_dim`, sorted by decreasing value. With `k_dim=None`, k is 1 and the
   output shape is `x.shape - reduced_dim`.
-  `k_dim` cannot be split across the mesh; `reduced_dim` can, also
-  unevenly: its padding is filled with the dtype's lowest value first, and
-  comes after every real entry, so it is never chosen over one.
+  Both `reduced_dim` and `k_dim` may be split across the mesh, also
+  unevenly: the padding of `reduced_dim` is filled with the dtype's lowest
+  value first, and comes after every real entry, so it is never chosen
+  over one; a split `k_dim` is cut from the whole result, its padding zero.
   """
 
   handles_padding = True
@@ -92,8 +98,7 @@ class TopKOperation(graph_lib.Operation):
     self._k = k
     self._outputs = [graph_lib.Tensor(self, out_shape, x.dtype, index=0),
                      graph_lib.Tensor(self, out_shape, index_dtype, index=1)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", [] if k_dim is None else [k_dim.name])
+    self._initialize_splittable_and_unsplittable_dims("splittable")
 
   @property
   def reduced_dim(self):
@@ -138,12 +143,21 @@ class TopKOperation(graph_lib.Operation):
 
     mesh_axis = impl.tensor_dimension_to_mesh_axis(self._reduced_dim)
     x_lowered = lowering.tensors[x]
-    if mesh_axis is None:
-      def local_top_k(s):
-        values, indices = tf.math.top_k(
-            slice_utils.transpose_to(s, x.shape, work_shape), k)
-        return finish(values, indices)
 
+    def local_top_k(s):
+      values, indices = tf.math.top_k(
+          slice_utils.transpose_to(s, x.shape, work_shape), k)
+      return finish(values, indices)
+
+    if mesh_axis is None:
+      values, indices = impl.slicewise(local_top_k, x_lowered)
+    elif gathers_whole_dimension(self._reduced_dim.size,
+                                 impl.shape[mesh_axis].size, k,
+                                 x.dtype.size, index_dtype.size):
+      # Padding is cut off: the top k of the whole dimension, as on one
+      # processor.
+      x_lowered = impl.gather_dimensions(x_lowered, x.shape,
+                                         [self._reduced_dim.name])
       values, indices = impl.slicewise(local_top_k, x_lowered)
     else:
       if any(a.tensor_axis == x.shape.dims.index(self._reduced_dim)
@@ -175,14 +189,35 @@ class TopKOperation(graph_lib.Operation):
                                         batch_dims=rest.ndims))
 
       values, indices = impl.slicewise(merge, values, indices)
+    if not squeeze and impl.tensor_dimension_to_mesh_axis(
+        self._k_dim) is not None:
+      # The result is whole along k_dim on every processor: each keeps its
+      # block (zero-padded when uneven).
+      out_shape = self._outputs[0].shape
+      values = impl.split_dimensions(values, out_shape, [self._k_dim.name])
+      indices = impl.split_dimensions(indices, out_shape,
+                                      [self._k_dim.name])
     lowering.set_tensor_lowering(self._outputs[0], values)
     lowering.set_tensor_lowering(self._outputs[1], indices)
+
+
+def gathers_whole_dimension(size, pieces, k, value_itemsize,
+                            index_itemsize):
+  """Whether top_k along a dimension of `size` split `pieces` ways gathers
+  the dimension (each block's entries: one allconcat) rather than merging
+  each block's top k candidates (values and indices: two allconcats),
+  because that moves no more bytes."""
+  block = -(-size // pieces)
+  return block * value_itemsize <= min(k, block) * (value_itemsize +
+                                                    index_itemsize)
 
 
 @cost_rules.rule_for(TopKOperation)
 class _TopKCost(cost_rules.AlongDimensionCost):
   """top_k over a split dimension: each block's top k, all-concatenated
-  (values and indices), then merged."""
+  (values and indices), then merged; or the blocks all-concatenated when
+  that is cheaper (`gathers_whole_dimension`). A split k_dim costs no
+  communication."""
 
   def dimension(self, info):
     return info.op.reduced_dim
@@ -192,9 +227,16 @@ class _TopKCost(cost_rules.AlongDimensionCost):
 
   def collectives_along(self, info, layout, mesh_dim):
     reduced = info.op.reduced_dim
-    block_k = min(info.op.k, -(-reduced.size // layout.sizes[mesh_dim]))
+    pieces = layout.sizes[mesh_dim]
+    block = -(-reduced.size // pieces)
     rest = layout.slice_elements(
         [d for d in info.in_dims[0] if d[0] != reduced.name])
+    value_itemsize, index_itemsize = info.out_itemsize
+    if gathers_whole_dimension(reduced.size, pieces, info.op.k,
+                               value_itemsize, index_itemsize):
+      return [cost_rules.collective(layout, "allconcat", (mesh_dim,),
+                                    rest * block * value_itemsize)]
+    block_k = min(info.op.k, block)
     return [cost_rules.collective(layout, "allconcat", (mesh_dim,),
                                   rest * block_k * itemsize)
             for itemsize in info.out_itemsize]
@@ -206,8 +248,7 @@ def top_k(x, reduced_dim, k_dim, name=None):
   Args:
     x: an mtf Tensor.
     reduced_dim: a Dimension of `x`.
-    k_dim: a new Dimension; its size is k (at most `reduced_dim.size`). It
-      cannot be split across the mesh.
+    k_dim: a new Dimension; its size is k (at most `reduced_dim.size`).
     name: optional name.
 
   Returns:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.ops import selection
 from tests import mtf_testing
 
@@ -191,11 +192,93 @@ def test_bad_arguments():
     mtf.argmax(x, _dim("b"), dtype=tf.float32)
 
 
-def test_split_k_dim_is_a_layout_error():
-  """k_dim cannot be split: Lowering says which dimension and rule."""
-  mesh = mtf.Mesh(mtf.Graph(), "mesh")
-  x = mtf.zeros(mesh, [_dim("a"), _dim("b")])
-  mtf.top_k(x, _dim("b"), mtf.Dimension("k", 8))
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "k:all")
-  with pytest.raises(mtf.LayoutError, match="'k'"):
-    mtf.Lowering(mesh.graph, {mesh: impl})
+UNEVEN_PARAMS = mtf_testing.uneven_layout_mode_params(["n", "k"])
+
+
+def _distinct(shape, seed):
+  """Distinct float32 values at least 0.01 apart (no ties)."""
+  size = int(np.prod(shape))
+  return (np.random.RandomState(seed).permutation(size).reshape(shape) /
+          100.0 - 1.0).astype(np.float32)
+
+
+def _top_k_case(n, ks, seed, ties=False):
+  """A check_ops case: top_k of x[d:2, n] along n for each k of `ks` (values
+  and indices; k_dim "k", split as the layout says). With `ties`, x holds
+  small integers (many equal entries: the smaller index must win, as on
+  one processor)."""
+  if ties:
+    x = np.random.RandomState(seed).randint(0, 3, size=(2, n)).astype(
+        np.int32)
+  else:
+    x = _distinct((2, n), seed)
+
+  def build(mesh, t):
+    del mesh
+    out = {}
+    for k in ks:
+      out[f"values_k{k}"], out[f"indices_k{k}"] = mtf.top_k(
+          t["x"], mtf.Dimension("n", n), mtf.Dimension("k", k))
+    return out
+
+  def reference(x):
+    out = {}
+    for k in ks:
+      out[f"values_k{k}"], out[f"indices_k{k}"] = _np_top_k(x, 1, k)
+    return out
+
+  return build, reference, {"x": (x, ["d", "n"])}
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", UNEVEN_PARAMS)
+def test_top_k_with_split_reduced_and_k_dims(mesh_shape, layout, mode):
+  """top_k along a dimension n of 5, 7, 12 and 100 split evenly or not,
+  with k small and larger than a block, and its k dimension split too (as
+  the layout says, padded when uneven); gradients scatter back to the
+  chosen entries. Both lowerings run: gathering the blocks (k = 20 of 100
+  over 8) and merging each block's candidates (k = 20 of 100 and k = 2 of
+  12 over b:2, k = 1 of 7 over 4)."""
+  mtf_testing.check_ops(
+      {"n5": _top_k_case(5, [5], 0),
+       "n7": _top_k_case(7, [1], 1),
+       "n100": _top_k_case(100, [20], 3),
+       "ties": _top_k_case(12, [2], 4, ties=True)},
+      mesh_shape, layout, mode)
+
+
+def _top_k_collectives(mesh_shape, rules, n, k):
+  """The collectives of top_k of x[d:3, n] along n (k_dim "k"), as
+  counted, after checking them against the cost model's prediction."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.constant(_distinct((3, n), 0)),
+                           f"d:3;n:{n}")
+  mtf.top_k(x, mtf.Dimension("n", n), mtf.Dimension("k", k))
+  rules = mtf.LayoutRules(rules, allow_uneven=True)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules,
+                                                   [""] * 8)
+  counted = cost_model.counted_collectives(
+      dict(mtf.Lowering(graph, {mesh: impl}).counters))
+  assert cost_model.graph_cost(graph, mesh_shape, rules).collectives == (
+      counted)
+  return counted
+
+
+@pytest.mark.parametrize("mesh_shape,rules,n,k,want_calls", [
+    # Blocks of 13 (the last 9 real), k = 4: each processor's 4 candidates
+    # and their indices (two allconcats) are cheaper than its 13 entries.
+    ("all:8", [("n", "all")], 100, 4, 2),
+    # k = 20 > a block: gathering the blocks (one allconcat) is cheaper.
+    ("all:8", [("n", "all")], 100, 20, 1),
+    ("b:2;m:4", [("n", "m"), ("k", "b")], 7, 3, 1),
+    ("b:2;m:4", [("n", "b"), ("k", "m")], 12, 2, 2),
+    # Only k split: no communication.
+    ("all:8", [("k", "all")], 12, 5, 0),
+])
+def test_top_k_cost_rule_prices_the_lowering(mesh_shape, rules, n, k,
+                                             want_calls):
+  """The cost rule predicts the lowering's collectives, and the cheaper of
+  merging candidates and gathering the dimension is the one lowered."""
+  counted = _top_k_collectives(mesh_shape, rules, n, k)
+  assert sum(c["calls"] for c in counted.values()) == want_calls
+  assert {kind for kind, _ in counted} <= {"allconcat"}
