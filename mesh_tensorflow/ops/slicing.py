@@ -1,10 +1,10 @@
 """Concatenation, slicing and padding along one named dimension.
 
-Concat acts on each slice locally, so its dimension must not be split
-across the mesh (a clear LayoutError says so at lowering). Slice and pad
-may act along a split dimension, even or uneven: they re-partition it
-(`backend.regrid`), moving only the rows that change processor, or gather
-it when the cost rule finds that cheaper. Under uneven splits the other
+Each acts on each slice locally when its dimension is whole. Along a split
+dimension, even or uneven, slice and pad re-partition it (`shifted`,
+`backend.regrid`), moving only the rows that change processor, or gather it
+when the plan finds that cheaper; concat re-partitions each input into its
+place in the output and adds them. Under uneven splits the other
 dimensions may be padded: the padding keeps its place in each slice and
 stays zero (pad adds zeros).
 """
@@ -42,8 +42,20 @@ class ConcatOperation(graph_lib.Operation):
     total = sum(x.shape[self._axis].size for x in xs)
     out_shape = first.resize_dimension(concat_dim_name, total)
     self._outputs = [graph_lib.Tensor(self, out_shape, xs[0].dtype)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", [concat_dim_name])
+    self._initialize_splittable_and_unsplittable_dims("splittable")
+
+  @property
+  def axis(self):
+    """The tensor axis of the concatenated dimension."""
+    return self._axis
+
+  def offsets(self):
+    """Where each input starts along the output's dimension."""
+    begins, begin = [], 0
+    for x in self._inputs:
+      begins.append(begin)
+      begin += x.shape[self._axis].size
+    return begins
 
   def gradient(self, grad_ys):
     dy = grad_ys[0]
@@ -58,20 +70,63 @@ class ConcatOperation(graph_lib.Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     axis = self._axis
-    lowering.set_tensor_lowering(
-        self._outputs[0],
-        impl.slicewise(lambda *xs: tf.concat(xs, axis=axis),
-                       *[lowering.tensors[x] for x in self._inputs]))
+    out_shape = self._outputs[0].shape
+    if impl.tensor_dimension_to_mesh_axis(out_shape[axis]) is None:
+      lowering.set_tensor_lowering(
+          self._outputs[0],
+          impl.slicewise(lambda *xs: tf.concat(xs, axis=axis),
+                         *[lowering.tensors[x] for x in self._inputs]))
+      return
+    # Split: each input padded to the output's extent (re-partitioned by
+    # `shifted`), then summed (or or-ed); the pieces do not overlap.
+    total = out_shape[axis].size
+    parts = []
+    for x, begin in zip(self._inputs, self.offsets()):
+      pads = [begin, total - begin - x.shape[axis].size]
+
+      def fn(s, pads=pads):
+        paddings = [[0, 0]] * s.shape.rank
+        paddings[axis] = pads
+        return slice_utils.tf_pad(s, paddings)
+
+      parts.append(shifted(impl, lowering.laid_out_tensor(x), x.shape,
+                           out_shape, axis, -begin, fn))
+    combine = (tf.logical_or if self._outputs[0].dtype.is_bool else tf.add)
+
+    def add(*slices):
+      result = slices[0]
+      for other in slices[1:]:
+        result = combine(result, other)
+      return result
+
+    lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(add, *parts))
 
 
-cost_rules.register(ConcatOperation, cost_rules.SLICEWISE)
+@cost_rules.rule_for(ConcatOperation)
+class _ConcatCost(cost_rules.AlongDimensionCost):
+  """Along a split dimension: `shifted_collectives` of each input (as
+  ConcatOperation.lower lowers)."""
+
+  def dimension(self, info):
+    return info.out_dims[0][info.op.axis]
+
+  def attributes(self, info):
+    return (tuple(self.dimension(info)),)
+
+  def collectives_along(self, info, layout, mesh_dim):
+    op = info.op
+    total = self.dimension(info)[1]
+    return [c for dims, itemsize, begin in zip(
+        info.in_dims, info.in_itemsize, op.offsets())
+            for c in shifted_collectives(layout, mesh_dim, dims, itemsize,
+                                         op.axis, total, -begin)]
 
 
 def concat(xs, concat_dim_name, name=None):
   """Concatenates `xs` along the dimension named `concat_dim_name`.
 
   The inputs may have different sizes of that dimension; the output has
-  their sum. The dimension must not be split across the mesh.
+  their sum. The dimension may be split across the mesh.
   """
   xs = list(xs)
   if len(xs) == 1:
@@ -186,63 +241,74 @@ class PadOperation(graph_lib.Operation):
 
 def _lower_along(op, lowering, local_fn):
   """Lowers a slice or pad `op` (out[j] = in[j + op.shift] along its
-  dimension): `local_fn` on each slice when the dimension is whole; when it
-  is split, a re-partition by permutes (`regrid`) or, when the cost rule
-  finds that cheaper, the dimension gathered, `local_fn`, and the result
-  split again."""
+  dimension) with `shifted`."""
   impl = lowering.mesh_impl(op)
-  x = lowering.laid_out_tensor(op.inputs[0])
-  axis = op.axis
-  in_shape, out_shape = op.inputs[0].shape, op.outputs[0].shape
+  lowering.set_tensor_lowering(op.outputs[0], shifted(
+      impl, lowering.laid_out_tensor(op.inputs[0]), op.inputs[0].shape,
+      op.outputs[0].shape, op.axis, op.shift, local_fn))
+
+
+def shifted(impl, x, in_shape, out_shape, axis, shift, local_fn):
+  """Laid-out out[j] = x[j + shift] along tensor `axis` (zeros where
+  j + shift falls outside x), from laid-out `x` of `in_shape` to
+  `out_shape`, which differ only in the size of that axis.
+
+  `local_fn` (a tf.slice or tf.pad of a whole slice) on each slice when the
+  dimension is whole; when it is split, a re-partition by receives
+  (`regrid`) or, when its plan finds that cheaper, the dimension gathered,
+  `local_fn`, and the result split again.
+  """
   in_axis = impl.tensor_dimension_to_mesh_axis(in_shape[axis])
   out_axis = impl.tensor_dimension_to_mesh_axis(out_shape[axis])
   if in_axis is None and out_axis is None:
-    lowering.set_tensor_lowering(op.outputs[0], impl.slicewise(local_fn, x))
-    return
+    return impl.slicewise(local_fn, x)
   if in_axis == out_axis:
     k = impl.shape[in_axis].size
     the_plan = regrid.plan(in_shape[axis].size, out_shape[axis].size, k,
-                           op.shift)
+                           shift)
     if not the_plan.gathers(k):
-      lowering.set_tensor_lowering(
-          op.outputs[0], regrid.regrid(impl, x, axis, in_axis, the_plan))
-      return
+      return regrid.regrid(impl, x, axis, in_axis, the_plan)
   name = {in_shape[axis].name}
   y = impl.slicewise(local_fn, impl.gather_dimensions(x, in_shape, name))
-  lowering.set_tensor_lowering(
-      op.outputs[0], impl.split_dimensions(y, out_shape, name))
+  return impl.split_dimensions(y, out_shape, name)
+
+
+def shifted_collectives(layout, mesh_dim, in_dims, itemsize, axis, out_size,
+                        shift):
+  """The Collectives of `shifted` along `mesh_dim` (which splits the axis)
+  for an input of `in_dims` ((name, size) pairs) and `itemsize`: a receive
+  per offset of `regrid.plan`, or one allconcat when the plan gathers."""
+  k = layout.sizes[mesh_dim]
+  the_plan = regrid.plan(in_dims[axis][1], out_size, k, shift)
+  in_bytes = cost_rules.slice_bytes(layout, in_dims, itemsize)
+  if the_plan.gathers(k):
+    return [cost_rules.collective(layout, "allconcat", (mesh_dim,),
+                                  in_bytes)]
+  per_row = in_bytes // the_plan.block
+  return [cost_rules.collective(layout, "receive", (mesh_dim,),
+                                per_row * the_plan.widths[o],
+                                the_plan.receivers[o])
+          for o in sorted(the_plan.widths)]
 
 
 @cost_rules.rule_for(SliceOperation, PadOperation)
 class _AlongCost(cost_rules.AlongDimensionCost):
-  """Along a split dimension: a receive per offset of `regrid.plan`, or
-  one allconcat when the plan gathers (as `_lower_along` lowers)."""
+  """Along a split dimension: `shifted_collectives` (as `_lower_along`
+  lowers)."""
 
   def dimension(self, info):
     return info.in_dims[0][info.op.axis]
 
   def attributes(self, info):
     op = info.op
-    return (tuple(self.dimension(info)),
-            info.out_dims[0][op.axis][1],
+    return (tuple(self.dimension(info)), info.out_dims[0][op.axis][1],
             op.shift)
 
   def collectives_along(self, info, layout, mesh_dim):
     op = info.op
-    k = layout.sizes[mesh_dim]
-    the_plan = regrid.plan(self.dimension(info)[1],
-                           info.out_dims[0][op.axis][1],
-                           k, op.shift)
-    in_bytes = cost_rules.slice_bytes(layout, info.in_dims[0],
-                                      info.in_itemsize[0])
-    if the_plan.gathers(k):
-      return [cost_rules.collective(layout, "allconcat", (mesh_dim,),
-                                    in_bytes)]
-    per_row = in_bytes // the_plan.block
-    return [cost_rules.collective(layout, "receive", (mesh_dim,),
-                                  per_row * the_plan.widths[o],
-                                  the_plan.receivers[o])
-            for o in sorted(the_plan.widths)]
+    return shifted_collectives(layout, mesh_dim, info.in_dims[0],
+                               info.in_itemsize[0], op.axis,
+                               info.out_dims[0][op.axis][1], op.shift)
 
 
 def pad(x, paddings, dim_name, name=None):

@@ -4,8 +4,9 @@
 adds a new dimension holding a list of same-shaped tensors; `unstack` removes
 a dimension and returns its entries as a list.
 
-Communication: `split` is local and needs its dimension unsplit across the
-mesh (its outputs keep the dimension's name, so they would be split too).
+Communication: `split` is local when its dimension is whole; when the mesh
+splits it, each piece is re-partitioned as a slice (`slicing.shifted`: the
+rows that change processor move by receives).
 `stack` and `unstack` accept any layout: on mesh "all:2" with the rule
 "s:all", `stack(xs, "s")` of four tensors stacks locally and keeps entries 0-1
 on processor 0 and 2-3 on processor 1 (no communication); `unstack` of that
@@ -18,6 +19,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import constants
 from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import slicing
@@ -37,7 +39,7 @@ def split(x, split_dim, num_or_size_splits, name=None):
 
   Args:
     x: an mtf Tensor.
-    split_dim: the dimension to cut; it must not be split across the mesh.
+    split_dim: the dimension to cut (it may be split across the mesh).
     num_or_size_splits: an int (that many equal pieces; it must divide the
       dimension's size) or a list of piece sizes summing to that size.
     name: optional name of the operation.
@@ -50,7 +52,8 @@ def split(x, split_dim, num_or_size_splits, name=None):
 
 
 class SplitOperation(graph_lib.Operation):
-  """Splits a tensor into pieces along one (unsplit) dimension."""
+  """Splits a tensor into pieces along one dimension (split over the mesh
+  or not)."""
 
   handles_padding = True
   padding_stays_zero = True
@@ -79,8 +82,16 @@ class SplitOperation(graph_lib.Operation):
         graph_lib.Tensor(self, x.shape.resize_dimension(
             self._split_dim.name, s), x.dtype, index=i)
         for i, s in enumerate(sizes)]
-    self._initialize_splittable_and_unsplittable_dims(
-        "splittable", [self._split_dim.name])
+    self._initialize_splittable_and_unsplittable_dims("splittable")
+
+  @property
+  def axis(self):
+    """The tensor axis of the split dimension."""
+    return self._axis
+
+  def offsets(self):
+    """Where each output starts along the input's dimension."""
+    return [sum(self._sizes[:i]) for i in range(len(self._sizes))]
 
   def gradient(self, grad_ys):
     grads = [g if g is not None else constants.zeros_like(y)
@@ -90,6 +101,20 @@ class SplitOperation(graph_lib.Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     axis, sizes = self._axis, self._sizes
+    if impl.tensor_dimension_to_mesh_axis(self._split_dim) is not None:
+      # Split over the mesh: each output is a slice (slicing.shifted).
+      x = lowering.laid_out_tensor(self._inputs[0])
+      for t, begin, size in zip(self._outputs, self.offsets(), sizes):
+
+        def fn(s, begin=begin, size=size):
+          starts = [0] * s.shape.rank
+          lengths = [-1] * s.shape.rank
+          starts[axis], lengths[axis] = begin, size
+          return slice_utils.tf_slice(s, starts, lengths)
+
+        lowering.set_tensor_lowering(t, slicing.shifted(
+            impl, x, self._inputs[0].shape, t.shape, axis, begin, fn))
+      return
     values = impl.slicewise(
         lambda s: tuple(tf.split(s, sizes, axis=axis)),
         lowering.tensors[self._inputs[0]])
@@ -241,8 +266,26 @@ class UnstackOperation(graph_lib.Operation):
       lowering.set_tensor_lowering(t, v)
 
 
-# split works along an unsplit dimension and stack adds a new one: local.
-cost_rules.register(SplitOperation, cost_rules.SLICEWISE)
+@cost_rules.rule_for(SplitOperation)
+class _SplitCost(cost_rules.AlongDimensionCost):
+  """Along a split dimension: `slicing.shifted_collectives` of each output
+  (as SplitOperation.lower lowers)."""
+
+  def dimension(self, info):
+    return info.in_dims[0][info.op.axis]
+
+  def attributes(self, info):
+    return (tuple(self.dimension(info)), tuple(info.op.offsets()))
+
+  def collectives_along(self, info, layout, mesh_dim):
+    op = info.op
+    return [c for dims, begin in zip(info.out_dims, op.offsets())
+            for c in slicing.shifted_collectives(
+                layout, mesh_dim, info.in_dims[0], info.in_itemsize[0],
+                op.axis, dims[op.axis][1], begin)]
+
+
+# stack adds a new dimension: local.
 cost_rules.register(StackOperation, cost_rules.SLICEWISE)
 
 

@@ -2,6 +2,7 @@
 cases, budgets, validation, and the program's size."""
 
 import pytest
+import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import layout_optimizer
@@ -69,11 +70,11 @@ def test_optimize_layout_unsplittable():
   mesh = mtf.Mesh(graph, "my_mesh")
   x1 = mtf.zeros(mesh, "a:10,b:5")
   x2 = mtf.zeros(mesh, "b:5,c:20")
-  # Concatenation cannot split its dimension (the original's case used
-  # unstack, and this package lowers unstack, slice and pad split); b:5
-  # divides by neither mesh dimension.
-  mtf.concat([x1, x1], "a")
-  mtf.concat([x2, x2], "c")
+  # A slicewise function that declares a and c unsplittable (the original's
+  # case used unstack, and this package lowers unstack, concat, slice and
+  # pad split); b:5 divides by neither mesh dimension.
+  mtf.slicewise(tf.identity, [x1], splittable_dims=[x1.shape[1]])
+  mtf.slicewise(tf.identity, [x2], splittable_dims=[x2.shape[0]])
   optimizer = layout_optimizer.LayoutOptimizer(
       memory_estimator.MemoryEstimator(graph, "m1:4;m2:2"))
   assert optimizer.solve() == ""

@@ -3,7 +3,7 @@
 Mostly the dimension they work along (b) stays unsplit while the other
 dimensions (a, c) take every standard layout; slice and pad also run with
 b split evenly (test_slice_and_pad_along_split_b; the uneven splits are in
-test_uneven_movement). concat along a split dimension is refused.
+test_uneven_movement, with concat).
 """
 
 import numpy as np
@@ -81,24 +81,6 @@ def test_trivial_cases_return_input():
   assert mtf.concat([x], "b") is x
   assert mtf.slice(x, 0, 4, "b") is x
   assert mtf.pad(x, [0, 0], "b") is x
-
-
-@pytest.mark.parametrize("op_name,build", [
-    ("ConcatOperation", lambda x, z: mtf.concat([x, z], "b")),
-])
-def test_split_dimension_raises_layout_error(op_name, build):
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  x = mtf.import_tf_tensor(mesh, tf.zeros([8, 16]), "a:8,b:16")
-  z = mtf.import_tf_tensor(mesh, tf.zeros([8, 8]), "a:8,b:8")
-  build(x, z)
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "b:all")
-  with pytest.raises(mtf.LayoutError) as info:
-    mtf.Lowering(graph, {mesh: impl})
-  message = str(info.value)
-  assert op_name in message
-  assert "dimension 'b'" in message
-  assert "mesh dimension 'all'" in message
 
 
 @pytest.mark.parametrize("build,match", [

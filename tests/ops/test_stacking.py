@@ -93,18 +93,17 @@ def test_stack_unstack_round_trip_is_identity_with_int_dtype():
   np.testing.assert_array_equal(lowering.export_to_tf_tensor(y), value)
 
 
-def test_split_dimension_raises_layout_error():
+def test_split_along_a_split_dimension():
+  """Each piece re-partitioned as a slice (more in test_uneven_movement)."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
-  x = mtf.import_tf_tensor(mesh, tf.zeros([8, 16]), "a:8,b:16")
-  mtf.split(x, "b", 2)
+  value = np.arange(128, dtype=np.float32).reshape(8, 16)
+  x = mtf.import_tf_tensor(mesh, tf.constant(value), "a:8,b:16")
+  parts = mtf.split(x, "b", 2)
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "b:all")
-  with pytest.raises(mtf.LayoutError) as info:
-    mtf.Lowering(graph, {mesh: impl})
-  message = str(info.value)
-  assert "SplitOperation" in message
-  assert "dimension 'b'" in message
-  assert "mesh dimension 'all'" in message
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  for part, want in zip(parts, np.split(value, 2, axis=1)):
+    np.testing.assert_array_equal(lowering.export_to_tf_tensor(part), want)
 
 
 @pytest.mark.parametrize("build,error,match", [

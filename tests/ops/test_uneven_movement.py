@@ -267,23 +267,23 @@ def test_slice_and_pad_along_a_split_dimension(mesh_shape, layout, mode):
   """Re-partitioned by permutes of the rows that move (backend.regrid);
   the gradients (pad of a slice, slice of a pad) go the same way."""
   table = ALONG_SPLIT if mode == "eager" else ALONG_SPLIT_TRACED
-  mtf_testing.check_ops(
-      {name: _along_split_case(*case) for name, case in table.items()},
-      mesh_shape, layout, mode)
+  cases = {name: _along_split_case(*case) for name, case in table.items()}
 
+  def concats(mesh, t):
+    del mesh
+    x = t["x"]
+    parts = mtf.split(x, "n", [3, 4])
+    return {"b": mtf.concat([x, x * 2.0], "b"),
+            "n": mtf.concat([mtf.slice(x, 1, 2, "n"), x], "n"),
+            "split0": parts[0], "split1": parts[1]}
 
-def test_concat_along_a_padded_dimension_is_refused():
-  """concat works slicewise: its dimension must stay whole, padded or
-  not."""
-  layout = mtf.LayoutRules([("n", "all")], allow_uneven=True)
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  x = mtf.zeros(mesh, "b:5,n:7")
-  mtf.concat([x, x], "n")
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-      "all:8", layout, [""] * 8)
-  with pytest.raises(mtf.LayoutError, match="'n'"):
-    mtf.Lowering(graph, {mesh: impl})
+  def concats_ref(x):
+    return {"b": np.concatenate([x, x * 2], 0),
+            "n": np.concatenate([x[:, 1:3], x], 1),
+            "split0": x[:, :3], "split1": x[:, 3:]}
+
+  cases["concat"] = (concats, concats_ref, {"x": X})
+  mtf_testing.check_ops(cases, mesh_shape, layout, mode)
 
 
 @pytest.mark.parametrize("mesh_shape,layout,mode", PARAMS)
@@ -414,7 +414,8 @@ def _collectives(build, mesh_shape, rules):
         mtf.max_pool2d(mtf.zeros(mesh, "b:5;h:4;w:4;n:7"))], set()),
     ("slice_pad_split_padded", lambda mesh, x: [
         mtf.slice(x, 1, 3, "n"), mtf.pad(x, [2, 1], "b"),
-        mtf.slice(x, 4, 1, "b")], {"receive"}),
+        mtf.slice(x, 4, 1, "b"), mtf.concat([x, x], "n"),
+        mtf.split(x, "b", [2, 3])[1]], {"receive"}),
     ("shift_padded", lambda mesh, x: [
         mtf.shift(x, 3, "n", wrap=False), mtf.shift(x, -2, "b", wrap=True),
         mtf.shift(x, 5, "n", wrap=True)], {"receive"}),
