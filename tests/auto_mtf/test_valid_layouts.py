@@ -13,8 +13,12 @@ def _validator():
   a_dim = mtf.Dimension("a", 5)
   b_dim = mtf.Dimension("b", 10)
   x1 = mtf.zeros(mesh, mtf.Shape([a_dim, b_dim, mtf.Dimension("concat", 15)]))
-  x2 = mtf.zeros(mesh, mtf.Shape([a_dim, b_dim, mtf.Dimension("concat", 20)]))
-  mtf.ConcatOperation([x1, x2], "concat")
+  # A second size of "concat", as in the original's test.
+  mtf.zeros(mesh, mtf.Shape([a_dim, b_dim, mtf.Dimension("concat", 20)]))
+  # A slicewise function that treats "concat" as a whole (concat itself
+  # lowers along a split dimension here, unlike in the original).
+  mtf.slicewise(lambda t: t, [x1], output_shape=x1.shape,
+                output_dtype=x1.dtype, splittable_dims=[a_dim, b_dim])
   # Anonymous dimensions are never splittable.
   mtf.zeros(mesh, mtf.anonymous_shape(mtf.Shape([a_dim, b_dim])))
   return valid_layouts.LayoutValidator(graph, mtf.Shape([("m1", 4),
