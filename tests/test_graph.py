@@ -103,9 +103,9 @@ def test_tensor_requires_tf_dtype(mesh):
 
 def test_splittable_dims(mesh):
   x = mtf.ones(mesh, "a:2,b:4")
-  y = mtf.concat([x, x], "b")
-  assert y.operation.splittable_dims == {"a"}
-  assert y.operation.unsplittable_dims == {"b"}
+  y = mtf.concat([x, x], "b")  # Lowers along a split "b" (regrid).
+  assert y.operation.splittable_dims == {"a", "b"}
+  assert not y.operation.unsplittable_dims
   z = mtf.relu(x)
   assert z.operation.splittable_dims == {"a", "b"}
   w = mtf.slicewise(tf.identity, [x], splittable_dims=[x.shape[0]])
