@@ -60,6 +60,8 @@ COVERAGE = {
         "the same calls with two tasks on this machine"],
     "impl = mtf.MeshImpl(\"b:2;m:4\", rules)": [
         f"{PROGRAMS}::test_uneven_split_example_prints_padded_slices"],
+    "moved = mtf.pad(head, [28, 0], \"length\")": [
+        f"{PROGRAMS}::test_split_dimension_example_slices_and_pads"],
     "IndivisibleError: Tensor import:0": [
         f"{PROGRAMS}::test_error_message_example_is_the_real_one"],
     "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [

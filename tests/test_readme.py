@@ -506,6 +506,34 @@ def test_uneven_split_example_prints_padded_slices(capsys):
   assert capsys.readouterr().out.strip() == "[15, 65]"
 
 
+def test_split_dimension_example_slices_and_pads(capsys):
+  """The example's figures are the lowering's: a padded 100 over 8 and
+  the receives the README quotes."""
+  code = block('moved = mtf.pad(head, [28, 0], "length")')
+  scope = {"mtf": mtf, "np": np}
+  exec(compile(code, "README.md", "exec"), scope)  # pylint: disable=exec-used
+  shape, counters = capsys.readouterr().out.strip().splitlines()
+  assert shape == "[13, 4]"
+  counters = ast.literal_eval(counters)
+  assert counters == {"comm/receive/all/calls": 4,
+                      "comm/receive/all/bytes": 5120,
+                      "comm/receive/all/wire_bytes": 3504}
+  text = " ".join(readme_testing.readme_text().split())
+  assert "move 3,504 bytes in 4 receives" in text
+  x = scope["x"]
+  moved = scope["lowering"].export_to_tf_tensor(scope["moved"]).numpy()
+  np.testing.assert_array_equal(moved, np.pad(x[:100], [(28, 0), (0, 0)]))
+  # "gathering the length once would move 14,336"
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  seq = mtf.import_tf_tensor(mesh, x, "length:128;d:4")
+  mtf.slicewise(lambda t: t, [seq], splittable_dims=["d"],
+                unsplittable="gather")
+  gathered = mtf.Lowering(graph, {mesh: scope["impl"]}).counters
+  assert dict(gathered)["comm/allconcat/all/wire_bytes"] == 14336
+  assert "would move 14,336" in text
+
+
 def test_error_message_example_is_the_real_one():
   text = block("IndivisibleError: Tensor import:0")
   intro = readme_testing.readme_text().split("```\nIndivisibleError")[0]
