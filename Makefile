@@ -36,8 +36,11 @@ $(T5_STAMP): $(STAMP) $(T5_CLIENT)
 # the stricter one, and what most servers run) and these tests, which cover
 # the rank-limited kernels (and the padding of uneven splits, whose pad
 # and select kernels meet the same limits), 2-D local attention, a
-# pipelined binary run and BERT (with its mixture-of-experts and
-# relative-attention configs), in the other.
+# pipelined binary run, the funnel's pooling (against NumPy, and its stack
+# on the 2-D layouts) and BERT (each config, tiny, mixture-of-experts and
+# relative-attention, on the 2-D layout, and against NumPy), in the
+# other: one case per kernel-sensitive feature, as the first run covers
+# the rest.
 ONEDNN ?= 1
 ONEDNN_OTHER := $(if $(filter 0,$(ONEDNN)),1,0)
 BOTH_SETTINGS_TESTS := \
@@ -46,14 +49,19 @@ BOTH_SETTINGS_TESTS := \
 	tests/ops/test_uneven_movement.py::test_rank_7_with_three_padded_dimensions \
 	tests/test_uneven_mechanism.py \
 	tests/test_local_attention_layers.py \
-	tests/transformer/test_funnel_transformer.py \
+	tests/transformer/test_funnel_transformer.py::test_pooling_matches_numpy \
+	"tests/transformer/test_funnel_transformer.py::test_same_under_layouts[graph-layouts1]" \
 	"tests/test_random_programs.py::test_random_programs_agree_with_one_processor[0]" \
 	tests/transformer/test_pipelined_run_modes.py::test_perplexity_eval_is_the_plain_models \
-	tests/bert/test_bert.py
+	tests/bert/test_bert.py::test_tiny_model_matches_numpy_bert \
+	tests/bert/test_bert.py::test_relative_attention_matches_numpy_bert \
+	"tests/bert/test_bert.py::test_losses_and_gradients_are_the_same_under_every_layout[2d-eager-tiny]" \
+	"tests/bert/test_bert.py::test_losses_and_gradients_are_the_same_under_every_layout[2d-eager-moe]" \
+	"tests/bert/test_bert.py::test_losses_and_gradients_are_the_same_under_every_layout[2d-eager-relative]"
 PYTEST := TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m pytest -n 2 --dist loadgroup -q
 
 test: $(STAMP) $(T5_STAMP)
-	TF_ENABLE_ONEDNN_OPTS=$(ONEDNN) $(PYTEST) --durations=25 tests
+	TF_ENABLE_ONEDNN_OPTS=$(ONEDNN) $(PYTEST) --durations=60 tests
 	TF_ENABLE_ONEDNN_OPTS=$(ONEDNN_OTHER) $(PYTEST) $(BOTH_SETTINGS_TESTS)
 
 demo: $(STAMP)
