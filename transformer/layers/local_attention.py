@@ -46,9 +46,12 @@ def local_attention_1d(q,
     key_dim: a Dimension (channels of q and k).
     value_dim: a Dimension (channels of v).
     fully_autoregressive: a boolean.
-    length_dim_num_splits: an integer, in how many parts the layout splits
-      length_dim: the block length is the largest divisor of
-      length / length_dim_num_splits not above max(radius, 128).
+    length_dim_num_splits: an integer, a hint: in how many parts the layout
+      splits length_dim. The block length is the largest divisor of the
+      length not above max(radius, 128) nor the length of one part
+      (rounded up). The answer does not depend on it: any layout, even or
+      uneven, gives the same outputs; a matching hint only keeps blocks
+      from straddling processors.
     radius: an integer.
     sequence_id: a Tensor with length_dim, or an integer (one sequence).
     write_priority: an optional Tensor with length_dim.
@@ -58,16 +61,13 @@ def local_attention_1d(q,
   Returns:
     a Tensor with the shape q.shape - key_dim + value_dim.
   """
-  if length_dim.size % length_dim_num_splits:
-    raise mtf.IndivisibleError(
-        f"local_attention_1d: {length_dim} does not divide into "
-        f"length_dim_num_splits={length_dim_num_splits} parts")
+  if length_dim_num_splits < 1:
+    raise ValueError(f"local_attention_1d: length_dim_num_splits must be "
+                     f">= 1, got {length_dim_num_splits}")
   if radius < 1:
     raise ValueError(f"local_attention_1d: radius must be >= 1, got {radius}")
-  length_per_split = length_dim.size // length_dim_num_splits
-  block_length = max(radius, 128)
-  while length_per_split % block_length:
-    block_length -= 1
+  block_length = _block_length(length_dim.size, length_dim_num_splits,
+                               max(radius, 128))
   query_block = mtf.Dimension("query_block_length", block_length)
   memory_block = mtf.Dimension("memory_block_length", block_length)
   num_blocks = mtf.Dimension(length_dim.name, length_dim.size // block_length)
@@ -118,3 +118,16 @@ def local_attention_1d(q,
                                     value_dim, bias,
                                     **(attention_kwargs or {}))
   return mtf.replace_dimensions(o, [num_blocks, query_block], length_dim)
+
+
+def _block_length(length, num_splits, longest):
+  """The block length of local_attention_1d: as in the original, the
+  largest divisor of one part (length / num_splits) not above `longest`;
+  when num_splits does not divide the length, the largest divisor of the
+  length not above `longest` nor one part rounded up."""
+  part = -(-length // num_splits)
+  whole = part if length % num_splits == 0 else length
+  block = min(longest, part)
+  while whole % block:
+    block -= 1
+  return block

@@ -1,0 +1,111 @@
+"""Local attention with the `length` dimension split over the mesh.
+
+Issue 48 item 5: `attention.local_attention_1d` (and the Transformer's
+LocalSelfAttention on it) and `mtf.layers.masked_local_attention_1d` give
+the one-processor outputs and gradients when a layout splits "length" in
+any way: evenly, unevenly (12 over 8, 7 over 4), with parts shorter than
+the radius, and whatever length hint (length_dim_num_splits /
+length_per_split) the caller passes. Every case runs in one program per
+layout; every layout runs eagerly, "b2m4" also in graph mode.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import attention
+from tests.transformer import layer_testing
+
+
+def _u(shape, seed):
+  return np.random.RandomState(seed).uniform(
+      -1.0, 1.0, size=shape).astype(np.float32)
+
+
+def _rules(pairs):
+  return mtf.LayoutRules(pairs, allow_uneven=True)
+
+
+LAYOUTS = {
+    "all8": ("all:8", _rules([("length", "all")])),
+    "b2m4": ("b:2;m:4", _rules([("batch", "b"), ("length", "m")])),
+}
+PARAMS = [("all8", "eager"), ("b2m4", "eager"), ("b2m4", "graph")]
+
+# (length, radius, length_dim_num_splits, fully_autoregressive)
+LOCAL_CASES = [
+    (12, 5, 1, True),     # 12 over 8 or 4 (uneven), radius above a part,
+                          # the hint says unsplit: one block of 12
+    (12, 2, 8, False),    # a hint that does not divide the length
+    (7, 2, 4, True),      # 7 over 4 or 8: padded parts
+]
+# (length, window_size, length_per_split)
+MASKED_CASES = [(7, 2, None)]
+
+
+def _build(mesh, local_cases=tuple(LOCAL_CASES),
+           masked_cases=tuple(MASKED_CASES)):
+  batch = mtf.Dimension("batch", 2)
+  heads = mtf.Dimension("heads", 2)
+  d_kv = mtf.Dimension("d_kv", 3)
+  outputs, wrt = {}, {}
+  loss = None
+  for i, (n, radius, splits, fully) in enumerate(local_cases):
+    length = mtf.Dimension("length", n)
+    dims = [batch, length, heads, d_kv]
+    q, k, v = (layer_testing.mtf_testing.import_array(
+        mesh, _u([2, n, 2, 3], 10 * i + j), dims) for j in range(3))
+    ids = np.ones([2, n], np.int32)
+    ids[0, n // 2:] = 2
+    o = attention.local_attention_1d(
+        q, k, v, length, d_kv, d_kv, fully_autoregressive=fully,
+        length_dim_num_splits=splits, radius=radius,
+        sequence_id=layer_testing.mtf_testing.import_array(
+            mesh, ids, [batch, length]))
+    outputs[f"local{i}"] = o
+    wrt.update({f"q{i}": q, f"k{i}": k, f"v{i}": v})
+    term = mtf.reduce_sum(o * o)
+    loss = term if loss is None else loss + term
+  io = mtf.Dimension("io", 4)
+  weights = [layer_testing.mtf_testing.import_array(
+      mesh, _u([2, 4, 3], 100 + j), [heads, io, d_kv]) for j in range(4)]
+  for i, (n, window, per_split) in enumerate(masked_cases):
+    length = mtf.Dimension("length", n)
+    x = layer_testing.mtf_testing.import_array(
+        mesh, _u([2, n, 4], 200 + i), [batch, length, io])
+    y = mtf.layers.masked_local_attention_1d(
+        x, d_kv, heads, window_size=window, length_per_split=per_split,
+        params=weights)
+    outputs[f"masked{i}"] = y
+    wrt[f"x{i}"] = x
+    loss += mtf.reduce_sum(y * y)
+  return outputs, loss, wrt
+
+
+@functools.lru_cache(maxsize=None)
+def _one_processor(traced):
+  return layer_testing.run_under("all:1", "", "eager", _builder(traced))
+
+
+def _builder(traced):
+  """All cases; the traced mode (slow to optimize) runs the first local
+  case and the masked one."""
+  if traced:
+    return functools.partial(_build, local_cases=tuple(LOCAL_CASES[:1]))
+  return _build
+
+
+@pytest.mark.parametrize("layout_id,mode", PARAMS)
+def test_local_attention_with_length_split(layout_id, mode):
+  """Outputs and gradients equal one processor's (the hints of 8 parts
+  for a length of 12 raised IndivisibleError before)."""
+  mesh_shape, layout = LAYOUTS[layout_id]
+  traced = mode != "eager"
+  got = layer_testing.run_under(mesh_shape, layout, mode, _builder(traced))
+  want = _one_processor(traced)
+  assert set(got) == set(want)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5,
+                               err_msg=f"{key} under {layout_id} in {mode}")
