@@ -56,11 +56,11 @@ ORIGINAL_TESTS_EXPECTED_TO_FAIL = {
         "unsplittable"),
     "mesh_tensorflow/ops_test.py::OperationSplittabilityTest."
     "testPoolOperation": (
-        "ours pools a split spatial dimension when every slice holds whole "
-        "windows (else a LayoutError names the dimension), which the "
-        "original refused, so spatial dimensions are splittable here; exact "
-        "under the layouts of tests/ops/test_pooling.py and in random "
-        "programs (tests/random_programs.py)"),
+        "ours pools a split spatial dimension, even or uneven (each output "
+        "block receives the rows of its windows that other processors "
+        "hold), which the original refused, so spatial dimensions are "
+        "splittable here; exact under the layouts of "
+        "tests/ops/test_pooling.py and tests/ops/test_spatial_splits.py"),
     "mesh_tensorflow/utils_test.py::UtilsTest.test_variable_placer": (
         "TF variables are created when the graph is lowered, not by "
         "mtf.get_variable: the test looks up the placed master variable "

@@ -73,18 +73,26 @@ def plan(size, out_size, k, shift):
   """The Plan of out[j] = in[j + shift] (zero where j + shift is outside
   [0, size)), for a dimension of `size` and one of `out_size`, both split
   `k` ways."""
-  block = -(-size // k)
   out_block = -(-out_size // k)
+  return plan_windows(
+      size, -(-size // k),
+      {p: (p * out_block + shift, min(out_block, out_size - p * out_block))
+       for p in range(k)}, out_block)
+
+
+def plan_windows(size, block, windows, out_block):
+  """The Plan that gives processor p the input rows [start, start + rows)
+  for windows {p: (start, rows)} (zeros outside [0, size)), as the first
+  rows of a block of `out_block`, from a dimension of `size` split in
+  blocks of `block`. Windows may overlap (a convolution's halo)."""
   pieces = {}
-  for p in range(k):
-    lo = p * out_block
-    hi = min(lo + out_block, out_size)
-    first, last = max(lo + shift, 0), min(hi + shift, size)
+  for p, (start, rows) in windows.items():
+    first, last = max(start, 0), min(start + rows, size)
     if first >= last:
       continue
     for q in range(first // block, (last - 1) // block + 1):
       a, b = max(first, q * block), min(last, (q + 1) * block)
-      pieces.setdefault(p - q, {})[p] = (a - q * block, a - shift - lo, b - a)
+      pieces.setdefault(p - q, {})[p] = (a - q * block, a - start, b - a)
   widths = {o: max(n for _, _, n in by_p.values())
             for o, by_p in pieces.items() if o}
   receivers = {o: len(pieces[o]) for o in widths}
@@ -152,3 +160,40 @@ def regrid(impl, x, axis, mesh_axis, the_plan):
                      _row(table, c), axis=axis)
 
   return impl.slicewise(assemble, pcoord, x, *parts)
+
+
+def scatter_add(impl, g, axis, mesh_axis, the_plan):
+  """The transpose of `regrid`: laid-out `g`, whose blocks along tensor
+  `axis` are the plan's output blocks (out_block rows), summed back into
+  the input blocks (block rows): each row goes back to where `regrid`
+  took it from, overlapping windows add, rows it did not take from
+  anywhere are dropped. Moves the same rows as `regrid`, the other way."""
+  k = impl.shape[mesh_axis].size
+  pcoord = impl.laid_out_pcoord(mesh_axis)
+  offsets = sorted(the_plan.widths)
+  parts, tables = [], []
+  for o in offsets:
+    width = the_plan.widths[o]
+    send = np.full([k, width], the_plan.out_block, np.int32)
+    back = np.full([k, the_plan.block], width, np.int32)
+    for p, (src, dst, n) in the_plan.pieces[o].items():
+      send[p, :n] = np.arange(dst, dst + n)
+      back[p - o, src:src + n] = np.arange(n)
+    piece = impl.slicewise(
+        lambda s, c, t=send: tf.gather(_with_zero_row(s, axis), _row(t, c),
+                                       axis=axis), g, pcoord)
+    sources = [q + o if q + o in the_plan.pieces[o] else None
+               for q in range(k)]
+    parts.append(impl.receive(piece, mesh_axis, sources))
+    tables.append(back)
+  own = np.full([k, the_plan.block], the_plan.out_block, np.int32)
+  for p, (src, dst, n) in the_plan.pieces.get(0, {}).items():
+    own[p, src:src + n] = np.arange(dst, dst + n)
+
+  def assemble(c, s, *received):
+    total = tf.gather(_with_zero_row(s, axis), _row(own, c), axis=axis)
+    for r, table in zip(received, tables):
+      total += tf.gather(_with_zero_row(r, axis), _row(table, c), axis=axis)
+    return total
+
+  return impl.slicewise(assemble, pcoord, g, *parts)

@@ -5,12 +5,18 @@ batch dimensions. Windows do not overlap (strides == ksize) and use VALID
 padding: a spatial dimension of size n becomes n // k, and trailing entries
 that do not fill a window are dropped (their gradient is zero).
 
-Each processor pools its own slices with no communication. Batch and
-channel dimensions may be split freely; a spatial dimension may be split too
-when every slice holds whole windows (its size divides by mesh dimension size
-times window size), else lowering raises a LayoutError. On mesh "rows:2" with
-rule "h:rows", max_pool2d of x[batch, h=8, w, c] with 2x2 windows: processor
-0 pools rows 0-3 into output rows 0-1, processor 1 rows 4-7 into 2-3.
+Batch and channel dimensions may be split freely, with no communication.
+A spatial dimension may be split too, evenly or not: output block p (the
+layout rules' blocks of the output, maybe padded) pools the input rows
+[p * OB * k, (p + 1) * OB * k); when those are not the processor's own
+block they move by receives of only the rows that change processor
+(`spatial_windows.gather_windows`, or a gather when its plan finds that
+cheaper), and the gradient sends them back. On mesh "rows:2" with rule
+"h:rows", max_pool2d of x[batch, h=8, w, c] with 2x2 windows: processor 0
+pools rows 0-3 into output rows 0-1, processor 1 rows 4-7 into 2-3, no
+communication. With h=6 (blocks of 3; output blocks of 2, the last one
+padded) processor 0 receives row 3 from processor 1 and pools rows 0-3
+into output rows 0-1, and processor 1 pools rows 4-5 into output row 2.
 """
 
 import tensorflow as tf
@@ -20,6 +26,7 @@ from mesh_tensorflow import graph as graph_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
+from mesh_tensorflow.ops import spatial_windows
 
 __all__ = [
     "PoolBackPropOperation",
@@ -77,34 +84,75 @@ def _validate(x, ksize, strides, pool_fn_string, context):
   return rank, ksize, spatial
 
 
-def _check_window_splits(op, lowering, spatial, ksize):
-  """Raises unless each split spatial dimension's slices are whole windows."""
-  impl = lowering.mesh_impl(op)
-  for d, k in zip(spatial, ksize):
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(d)
-    if mesh_axis is None:
-      continue
-    mesh_dim = impl.shape[mesh_axis]
-    if d.size % (mesh_dim.size * k):
-      raise errors.LayoutError(
-          f"{type(op).__name__} {op.name!r} cannot lower with spatial "
-          f"dimension {d.name!r} (size {d.size}) split over mesh dimension "
-          f"{mesh_dim.name!r} (size {mesh_dim.size}): its slices of "
-          f"{-(-d.size // mesh_dim.size)} entries are not whole windows of "
-          f"{k}. Leave {d.name!r} unsplit, or make its size a multiple of "
-          f"{mesh_dim.size * k}.")
+def _windows(op, impl):
+  """The SplitWindow of each split spatial dimension of pool `op`."""
+  out_sizes = [d.size // k for d, k in zip(op.spatial_dims, op.ksize)]
+  return spatial_windows.split_windows_of(
+      impl, op.spatial_dims, out_sizes, op.ksize, op.ksize, "VALID")
 
 
-class PoolOperation(graph_lib.Operation):
-  """Pools the spatial dimensions of x with non-overlapping windows.
+class _PoolCost(cost_rules.CostRule):
+  """Slicewise work, and along split spatial dimensions the collectives of
+  gathering each output block's windows (and, for the gradient, of
+  sending their rows back), as the lowerings do."""
 
-  Uneven splits: a padded spatial dimension never holds whole windows (it is
-  refused), so only batch and channel dimensions are padded; their padding
-  pools to zero.
-  """
+  def attributes(self, info):
+    return (info.op.ksize,)
+
+  def run(self, info, ctx):
+    layout = ctx.layout
+    op = info.op
+    x_dims = info.in_dims[0]
+    first = len(x_dims) - op.rank - 1
+    out_dims = [(n, s // k) for (n, s), k in zip(
+        x_dims[first:first + op.rank], op.ksize)]
+    out_dims = list(x_dims[:first]) + out_dims + list(x_dims[first + op.rank:])
+    windows = spatial_windows.cost_windows(layout, x_dims, out_dims,
+                                           op.ksize, op.ksize, "VALID",
+                                           first)
+    collectives = spatial_windows.window_collectives(
+        layout, x_dims, info.in_itemsize[0], first, windows)
+    if isinstance(op, PoolBackPropOperation):
+      collectives += spatial_windows.window_collectives(
+          layout, x_dims, info.out_itemsize[0], first, windows,
+          transpose=True)
+    return cost_rules.RuleResult(
+        cost_rules.no_pending(info), collectives,
+        elementwise_bytes=cost_rules.io_bytes(info, layout))
+
+
+class _PoolBase(graph_lib.Operation):
+  """Shared by pooling and its gradient: along split spatial dimensions
+  each processor works on the windows of its output block."""
 
   handles_padding = True
   padding_stays_zero = True
+
+  @property
+  def rank(self):
+    """The number of spatial dimensions (2 or 3)."""
+    return self._rank
+
+  @property
+  def ksize(self):
+    """The window sizes (= strides)."""
+    return self._ksize
+
+  @property
+  def spatial_dims(self):
+    """The input's spatial Dimensions."""
+    return self._spatial
+
+  def _first_spatial_axis(self):
+    return self._inputs[0].shape.ndims - self._rank - 1
+
+
+class PoolOperation(_PoolBase):
+  """Pools the spatial dimensions of x with non-overlapping windows.
+
+  Uneven splits: padding pools to zero (windows of padding rows hold only
+  zeros); output rows past the real ones are zeroed.
+  """
 
   def __init__(self, x, ksize, strides, pool_fn_string, name=None):
     super().__init__([x], name=name or pool_fn_string.lower() + "_pool")
@@ -116,10 +164,6 @@ class PoolOperation(graph_lib.Operation):
       out_shape = out_shape.resize_dimension(d.name, d.size // k)
     self._spatial = spatial
     self._outputs = [graph_lib.Tensor(self, out_shape, x.dtype)]
-
-  def check_splits(self, lowering):
-    super().check_splits(lowering)
-    _check_window_splits(self, lowering, self._spatial, self._ksize)
 
   def gradient(self, grad_ys):
     return [pool_backprop(self._inputs[0], self._outputs[0], grad_ys[0],
@@ -134,20 +178,17 @@ class PoolOperation(graph_lib.Operation):
       flat, restore = _flatten_batch_dims(x, rank + 1)
       return restore(pool_fn(flat, ksize, ksize, "VALID"))
 
+    x = spatial_windows.gather_windows(
+        impl, lowering.laid_out_tensor(self._inputs[0]),
+        self._first_spatial_axis(), _windows(self, impl))
     lowering.set_tensor_lowering(
-        self._outputs[0],
-        impl.slicewise(fn, lowering.laid_out_tensor(self._inputs[0])))
+        self._outputs[0], spatial_windows.fill_output_padding(
+            impl, impl.slicewise(fn, x), self._outputs[0].shape))
 
 
-cost_rules.register(PoolOperation, cost_rules.SLICEWISE)
-
-
-class PoolBackPropOperation(graph_lib.Operation):
+class PoolBackPropOperation(_PoolBase):
   """The gradient of a PoolOperation with respect to its input (zero in the
-  padding of batch and channel dimensions, as dy is)."""
-
-  handles_padding = True
-  padding_stays_zero = True
+  padding, as dy is)."""
 
   def __init__(self, x, y, dy, ksize, strides, pool_fn_string, name=None):
     super().__init__([x, y, dy],
@@ -161,10 +202,6 @@ class PoolBackPropOperation(graph_lib.Operation):
     self._pool_fn_string = pool_fn_string
     self._spatial = spatial
     self._outputs = [graph_lib.Tensor(self, x.shape, dy.dtype)]
-
-  def check_splits(self, lowering):
-    super().check_splits(lowering)
-    _check_window_splits(self, lowering, self._spatial, self._ksize)
 
   @property
   def has_gradient(self):
@@ -191,11 +228,15 @@ class PoolBackPropOperation(graph_lib.Operation):
       return restore(dx)
 
     x, y, dy = (lowering.laid_out_tensor(t) for t in self._inputs)
-    lowering.set_tensor_lowering(self._outputs[0],
-                                 impl.slicewise(fn, x, y, dy))
+    windows = _windows(self, impl)
+    first = self._first_spatial_axis()
+    x = spatial_windows.gather_windows(impl, x, first, windows)
+    dx = spatial_windows.scatter_add_windows(
+        impl, impl.slicewise(fn, x, y, dy), first, windows)
+    lowering.set_tensor_lowering(self._outputs[0], dx)
 
 
-cost_rules.register(PoolBackPropOperation, cost_rules.SLICEWISE)
+cost_rules.register(_PoolBase, _PoolCost())
 
 
 def pool_backprop(x, y, dy, ksize, strides, pool_fn_string, name=None):

@@ -2,8 +2,8 @@
 
 Spatial sizes that do not divide by the window check that the leftover
 entries are dropped (and get zero gradient). Batch and channel dimensions
-take every standard layout; a spatial dimension is split too where its
-slices hold whole windows.
+take every standard layout; a spatial dimension is split too (splits
+through windows: tests/ops/test_spatial_splits.py).
 """
 
 import numpy as np
@@ -82,17 +82,6 @@ def test_pool2d_several_batch_dims(mesh_shape, layout, mode):
       lambda mesh, t: {"y": mtf.max_pool2d(t["x"])}, np_fn,
       {"x": (_x((2, 4, 4, 4, 2), 2), ["outer", "batch", "h", "w", "c"])},
       mesh_shape, layout, mode)
-
-
-@pytest.mark.parametrize("split", ["h", "w"])
-def test_split_through_windows_raises_layout_error(split):
-  # Slices of 4 entries along the split dimension are not windows of 3.
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  mtf.max_pool2d(mtf.zeros(mesh, "batch:2,h:8,w:8,c:2"), ksize=(3, 3))
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", f"{split}:all")
-  with pytest.raises(mtf.LayoutError, match=f"'{split}'.*whole windows"):
-    mtf.Lowering(graph, {mesh: impl})
 
 
 def test_validation_errors():
