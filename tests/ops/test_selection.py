@@ -192,7 +192,12 @@ def test_bad_arguments():
     mtf.argmax(x, _dim("b"), dtype=tf.float32)
 
 
-UNEVEN_PARAMS = mtf_testing.uneven_layout_mode_params(["n", "k"])
+# SIMD (costly) on all8_n (k = 20 of 100 gathers the blocks) and b2m4
+# (n and k split: merging candidates, k's blocks kept); the eager runs
+# (PlacementMeshImpl) cover every layout.
+UNEVEN_PARAMS = [
+    p for p in mtf_testing.uneven_layout_mode_params(["n", "k"])
+    if p.values[2] != "simd" or p.id.startswith(("all8_n", "b2m4"))]
 
 
 def _distinct(shape, seed):
