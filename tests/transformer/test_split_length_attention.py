@@ -7,6 +7,10 @@ any way: evenly, unevenly (12 over 8, 7 over 4), with parts shorter than
 the radius, and whatever length hint (length_dim_num_splits /
 length_per_split) the caller passes. Every case runs in one program per
 layout; every layout runs eagerly, "b2m4" also in graph mode.
+
+Incremental decoding (sample_autoregressive of a language model with full
+and local self-attention, Bitransformer.decode) with "length" and the
+caches' "memory_length" split gives the one-processor tokens.
 """
 
 import functools
@@ -16,7 +20,10 @@ import pytest
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer import transformer_layers
 from tests.transformer import layer_testing
+from tests.transformer import model_testing as mt
 
 
 def _u(shape, seed):
@@ -109,3 +116,72 @@ def test_local_attention_with_length_split(layout_id, mode):
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5,
                                err_msg=f"{key} under {layout_id} in {mode}")
+
+
+# ------------------------------------------------ incremental decoding
+
+DECODE_LAYOUTS = {
+    # The length, 8 over 3 (the last part holds 2), and the keys/values
+    # caches along memory_length over 2. The Transformer's local attention
+    # reads the layout from the model: its hint of 3 parts raised
+    # IndivisibleError before.
+    "b2m3": ("b:2;m:3", _rules([("memory_length", "b"), ("length", "m")])),
+}
+
+
+def _decode_builder(mesh_shape, layout):
+  """build(mesh): greedy decodes of a language model (full and local
+  self-attention, a prefix of 3 tokens) and of an encoder-decoder, made
+  of the real layers, with the model knowing the layout."""
+
+  def unitransformer(layers, name, autoregressive=True, vocab=mt.V):
+    return transformer.Unitransformer(
+        transformer.LayerStack(layers), d_model=mt.D, input_vocab_size=mt.V,
+        output_vocab_size=vocab, autoregressive=autoregressive,
+        max_length=mt.L, vocab_divisor=mt.VOCAB_DIVISOR, name=name,
+        layout=layout, mesh_shape=mesh_shape)
+
+  def attention_layer(cls, **kwargs):
+    return cls(num_heads=2, key_value_size=4, **kwargs)
+
+  lm = unitransformer([
+      attention_layer(transformer_layers.SelfAttention),
+      attention_layer(transformer_layers.LocalSelfAttention, radius=3,
+                      full_attention_max_length=0),
+      transformer_layers.DenseReluDense(hidden_size=8)], "decoder")
+  bi = transformer.Bitransformer(
+      unitransformer([attention_layer(transformer_layers.SelfAttention),
+                      transformer_layers.DenseReluDense(hidden_size=8)],
+                     "encoder", autoregressive=False, vocab=None),
+      unitransformer([attention_layer(transformer_layers.SelfAttention),
+                      attention_layer(transformer_layers.EncDecAttention),
+                      transformer_layers.DenseReluDense(hidden_size=8)],
+                     "decoder"))
+
+  def build(mesh):
+    prefix = mt.import_ids(
+        mesh, np.where(np.arange(mt.L) < 3, mt.TARGETS, 0))
+    return {"lm": lm.sample_autoregressive(prefix, stop_at_token=None,
+                                           temperature=0.0),
+            "bi": bi.decode(mt.import_ids(mesh, mt.INPUTS),
+                            temperature=0.0)}, None, {}
+  return build
+
+
+@functools.lru_cache(maxsize=None)
+def _one_processor_decodes():
+  return layer_testing.run_under("all:1", "", "eager",
+                                 _decode_builder("all:1", ""))
+
+
+@pytest.mark.parametrize("layout_id", sorted(DECODE_LAYOUTS))
+def test_decoding_with_length_split(layout_id):
+  """Greedy decodes with the length (and the caches' memory length)
+  split equal one processor's, token for token."""
+  mesh_shape, layout = DECODE_LAYOUTS[layout_id]
+  got = layer_testing.run_under(mesh_shape, layout, "eager",
+                                _decode_builder(mesh_shape, layout))
+  want = _one_processor_decodes()
+  for key in ("lm", "bi"):
+    np.testing.assert_array_equal(got[key], want[key],
+                                  err_msg=f"{key} under {layout_id}")
