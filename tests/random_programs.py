@@ -4,8 +4,10 @@
 mesh and layout it is lowered onto, because every random choice depends on
 the seed and on tensor shapes only. Programs mix element-wise ops,
 broadcasting, einsum, reductions, concat / split / slice / pad / shift,
-stack / unstack, pooling, renames and reshapes, gathers, and while-loop,
-recompute and custom-gradient bodies. `check(seed, mesh_shape, layout,
+stack / unstack, top_k and the selections (top_1, argmax, n-th largest and
+smallest), pooling, renames and reshapes, gathers, and while-loop, recompute
+and custom-gradient bodies; the layouts may split the dimension any of them
+acts along (`along_split` says which do). `check(seed, mesh_shape, layout,
 mode)` runs one under a layout and compares it with one processor: the
 answer must agree, or lowering must raise an mtf error that names a
 dimension of the program.
@@ -25,6 +27,8 @@ checks the padding of every operation the programs use.
 """
 
 import dataclasses
+import functools
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -255,6 +259,41 @@ class _Builder:
     i, j = self.rng.randint(len(parts), size=2)
     return parts[i] - 0.5 * parts[j]
 
+  def top_k(self, x):
+    """top_k along a dimension: its values, plus its indices (as floats)
+    now and then; the new k dimension gets a name of its own, so that
+    layouts may split it."""
+    dims = [d for d in x.shape.dims if d.size >= 2]
+    if not dims:
+      return None
+    dim = dims[self.rng.randint(len(dims))]
+    k_dim = mtf.Dimension(self.new_name("k"),
+                          int(self.rng.randint(1, min(dim.size, 4) + 1)))
+    if not self.fits(self.resized(x, dim, k_dim.size)):
+      return None
+    values, indices = mtf.top_k(x, dim, k_dim)
+    if self.rng.rand() < 0.5:
+      return values
+    return values + mtf.cast(indices, tf.float32) * 0.25
+
+  def select(self, x):
+    """A selection along a dimension: max and argmax, the n-th largest or
+    smallest entry."""
+    if not x.shape.ndims:
+      return None
+    dim = self.pick_dim(x)
+    kind = self.rng.randint(4)
+    if kind == 0:
+      values, indices = mtf.top_1(x, dim)
+      return values - mtf.cast(indices, tf.float32) * 0.5
+    if kind == 1:
+      return mtf.cast(mtf.argmax(x, dim), tf.float32) + mtf.reduce_sum(
+          x, reduced_dim=dim)
+    n = int(self.rng.randint(dim.size))
+    if kind == 2:
+      return mtf.nth_largest_element(x, n, dim)
+    return mtf.nth_smallest_element(x, n, dim)
+
   def pool(self, x):
     if x.shape.ndims < 3:
       return None
@@ -345,7 +384,8 @@ class _Builder:
 
 _SIMPLE = ("unary", "binary", "einsum", "reduce", "softmax", "cumsum",
            "concat", "split", "slice", "pad", "shift", "rename", "reshape",
-           "gather", "transpose", "stack", "unstack", "pool")
+           "gather", "transpose", "stack", "unstack", "pool", "top_k",
+           "select")
 _PRESERVING = ("unary", "binary", "einsum", "reduce", "softmax", "cumsum",
                "concat", "slice", "pad", "shift", "transpose")
 _ALL = _SIMPLE + ("recompute", "custom", "loop")
@@ -413,19 +453,30 @@ def run(seed, mesh_shape, layout, mode, num_ops=None):
   return mtf_testing.run_in_mode(mode, build_and_lower, impl)
 
 
-def dimension_names(seed, num_ops=None):
+@functools.lru_cache(maxsize=256)
+def _built(seed, num_ops=None):
+  """(graph, program) of `seed`, built once for the questions below (which
+  do not lower it)."""
   graph = mtf.Graph()
-  return build(seed, mtf.Mesh(graph, "mesh"), num_ops).dim_names
+  return graph, build(seed, mtf.Mesh(graph, "mesh"), num_ops)
+
+
+def _operations(seed, num_ops=None):
+  """The program's operations, those of bodies included."""
+  operations = list(_built(seed, num_ops)[0].operations)
+  while operations:
+    op = operations.pop()
+    operations.extend(getattr(op, "internal_operations", []))
+    yield op
+
+
+def dimension_names(seed, num_ops=None):
+  return _built(seed, num_ops)[1].dim_names
 
 
 def _tensor_shapes(seed, num_ops=None):
   """The shapes of the program's tensors, those of bodies included."""
-  graph = mtf.Graph()
-  build(seed, mtf.Mesh(graph, "mesh"), num_ops)
-  operations = list(graph.operations)
-  while operations:
-    op = operations.pop()
-    operations.extend(getattr(op, "internal_operations", []))
+  for op in _operations(seed, num_ops):
     for t in op.outputs:
       yield t.shape
 
@@ -496,39 +547,114 @@ def padded_dimensions(seed, mesh_shape, layout, num_ops=None):
   return names
 
 
-def check(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
+class WrongAnswer(AssertionError):
+  """The program's answer under a layout differs from one processor's."""
+
+
+class RawError(AssertionError):
+  """Lowering or running raised something other than an mtf error naming a
+  dimension of the program (a raw TensorFlow error, say)."""
+
+
+def outcome(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
   """Runs the program of `seed` under a layout against one processor.
 
-  Returns "agree", "error" (an mtf error naming a dimension) or "invalid"
-  (the program is ill-formed on one processor too). Raises AssertionError
-  on a wrong answer, an mtf error that names no dimension, or any other
-  exception.
+  Returns (outcome, error): outcome is "agree", "error" (error is the mtf
+  error, which names a dimension) or "invalid" (the program is ill-formed
+  on one processor too). Raises WrongAnswer on a wrong answer and RawError
+  on an mtf error that names no dimension or any other exception.
   """
   where = f"seed {seed}, mesh {mesh_shape!r}, layout {layout!r}, mode {mode}"
   try:
     want = run(seed, "all:1", "", "eager", num_ops)
-  except MTF_ERRORS:
-    return "invalid"
+  except MTF_ERRORS as e:
+    return "invalid", e
   except Exception as e:  # pylint: disable=broad-except
-    raise AssertionError(f"{where}: {type(e).__name__} on one processor: "
-                         f"{e}") from e
+    raise RawError(f"{where}: {type(e).__name__} on one processor: "
+                   f"{e}") from e
   try:
     got = run(seed, mesh_shape, layout, mode, num_ops)
   except MTF_ERRORS as e:
     names = dimension_names(seed, num_ops)
     if not any(name in str(e) for name in names):
-      raise AssertionError(f"{where}: {type(e).__name__} names no dimension "
-                           f"of the program: {e}") from e
-    return "error"
+      raise RawError(f"{where}: {type(e).__name__} names no dimension "
+                     f"of the program: {e}") from e
+    return "error", e
   except Exception as e:  # pylint: disable=broad-except
-    raise AssertionError(f"{where}: {type(e).__name__} instead of the "
-                         f"one-processor answer or an mtf error: {e}") from e
-  assert sorted(got) == sorted(want), f"{where}: fetched {sorted(got)}"
+    raise RawError(f"{where}: {type(e).__name__} instead of the "
+                   f"one-processor answer or an mtf error: {e}") from e
+  if sorted(got) != sorted(want):
+    raise WrongAnswer(f"{where}: fetched {sorted(got)}, not {sorted(want)}")
   for key in want:
     scale = max(1.0, float(np.max(np.abs(want[key]), initial=0.0)))
-    np.testing.assert_allclose(got[key], want[key], rtol=rtol,
-                               atol=rtol * scale, err_msg=f"{where}: {key}")
-  return "agree"
+    try:
+      np.testing.assert_allclose(got[key], want[key], rtol=rtol,
+                                 atol=rtol * scale, err_msg=f"{where}: {key}")
+    except AssertionError as e:
+      raise WrongAnswer(str(e)) from None
+  return "agree", None
+
+
+def check(seed, mesh_shape, layout, mode, num_ops=None, rtol=1e-4):
+  """outcome()'s first part: "agree", "error" or "invalid"; raises an
+  AssertionError (WrongAnswer or RawError) otherwise."""
+  return outcome(seed, mesh_shape, layout, mode, num_ops, rtol)[0]
+
+
+def error_cause(error):
+  """A short key for an mtf error: its class and the type of the operation
+  at fault ("LayoutError:PoolOperation"), or "LayoutError:layout" when the
+  layout rules themselves do not fit a tensor (two of its dimensions on one
+  mesh dimension, say), which no operation could lower."""
+  if re.search(r"(^|Error: )Tensor \S+ \(Shape\[.*\]\) on mesh ",
+               str(error)):
+    # Lowering's check of every tensor's layout, before any operation.
+    return f"{type(error).__name__}:layout"
+  culprit = "unknown"
+  tb = error.__traceback__
+  while tb is not None:
+    local = tb.tb_frame.f_locals
+    for key in ("self", "op"):
+      if isinstance(local.get(key), mtf.Operation):
+        culprit = type(local[key]).__name__
+    tb = tb.tb_next
+  return f"{type(error).__name__}:{culprit}"
+
+
+# The operations issue 48 made lowerable along a split dimension, and how
+# to find that dimension's names on each.
+ALONG_DIMENSIONS = {
+    "ConcatOperation": lambda op: [op._dim_name],  # pylint: disable=protected-access
+    "SliceOperation": lambda op: [op._dim_name],  # pylint: disable=protected-access
+    "PadOperation": lambda op: [op._dim_name],  # pylint: disable=protected-access
+    "SplitOperation": lambda op: [op._split_dim.name],  # pylint: disable=protected-access
+    "StackOperation": lambda op: [op._new_dim.name],  # pylint: disable=protected-access
+    "UnstackOperation": lambda op: [op._dim.name],  # pylint: disable=protected-access
+    "TopKOperation": lambda op: [op.reduced_dim.name] + (
+        [op.k_dim.name] if op.k_dim is not None else []),
+}
+
+
+def along_split(seed, mesh_shape, layout, num_ops=None):
+  """The types of the program's operations (of ALONG_DIMENSIONS) that act
+  along a dimension `layout` splits over a mesh dimension of size > 1."""
+  layout = mtf.convert_to_layout_rules(layout)
+  mesh = mtf.convert_to_shape(mesh_shape)
+  found = set()
+  for op in _operations(seed, num_ops):
+    names = ALONG_DIMENSIONS.get(type(op).__name__)
+    if not names:
+      continue
+    sizes = {d.name: d.size for t in op.inputs + op.outputs for d in t.shape}
+    for name in names(op):
+      try:
+        axis = layout.tensor_dimension_to_mesh_axis(
+            mtf.Dimension(name, sizes[name]), mesh)
+      except mtf.LayoutError:
+        continue
+      if axis is not None and mesh.dims[axis].size > 1:
+        found.add(type(op).__name__)
+  return found
 
 
 def cases(count, first_seed=0):

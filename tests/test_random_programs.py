@@ -1,8 +1,9 @@
 """Property test: random mtf programs under random meshes and layouts.
 
 Each program (element-wise ops, broadcasting, einsum, reductions, concat /
-split / slice / pad / shift, renames, reshapes, gathers, and while-loop,
-recompute and custom-gradient bodies, with gradients when there is no loop)
+split / slice / pad / shift, stack / unstack, top_k and the selections,
+pooling, renames, reshapes, gathers, and while-loop, recompute and
+custom-gradient bodies, with gradients when there is no loop)
 either gives the one-processor answer or raises an mtf error that names a
 dimension: never a wrong answer, never a raw TensorFlow error. Half of the
 layouts allow uneven splits, and split dimensions the mesh does not divide
@@ -20,7 +21,7 @@ import pytest
 from tests import random_programs
 
 CHUNKS = 8
-PER_CHUNK = 20
+PER_CHUNK = 16
 # Tensors of rank >= HIGH_RANK meet TensorFlow kernels' rank limits.
 HIGH_RANK = 6
 
@@ -46,9 +47,21 @@ def test_random_programs_agree_with_one_processor(chunk):
     if outcome == "agree" and random_programs.padded_dimensions(*case[:3]):
       outcomes["agree_padded"] += 1
   assert not failures, "\n\n".join(failures)
-  # Some of them must run with padding (19 of the 160 do).
+  # Some of them must run with padding (PADDED of the 128 do).
   assert outcomes["agree_padded"] >= 1, outcomes
   # The generator must mostly make valid programs that lower and run, or
   # the property says little.
   assert outcomes["invalid"] <= PER_CHUNK // 4, outcomes
   assert outcomes["agree"] >= PER_CHUNK // 4, outcomes
+
+
+def test_random_layouts_split_what_the_operations_act_along():
+  # Each operation that lowers along a split dimension (slice, pad, concat,
+  # split, stack, unstack, top_k) meets one in the cases above: this builds
+  # the programs only (each type acts along a split dimension in 4 to 15 of
+  # the 128 cases).
+  found = collections.Counter()
+  for chunk in range(CHUNKS):
+    for case in random_programs.cases(PER_CHUNK, first_seed=chunk * PER_CHUNK):
+      found.update(random_programs.along_split(*case[:3]))
+  assert set(found) == set(random_programs.ALONG_DIMENSIONS), found
