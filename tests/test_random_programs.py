@@ -47,7 +47,7 @@ def test_random_programs_agree_with_one_processor(chunk):
     if outcome == "agree" and random_programs.padded_dimensions(*case[:3]):
       outcomes["agree_padded"] += 1
   assert not failures, "\n\n".join(failures)
-  # Some of them must run with padding (PADDED of the 128 do).
+  # Some of them must run with padding.
   assert outcomes["agree_padded"] >= 1, outcomes
   # The generator must mostly make valid programs that lower and run, or
   # the property says little.
