@@ -118,6 +118,30 @@ def test_local_attention_with_length_split(layout_id, mode):
                                err_msg=f"{key} under {layout_id} in {mode}")
 
 
+
+def test_uneven_local_attention_moves_only_halos():
+  """100 positions over 8 (13 a part, the last 9): each processor
+  receives the 16 positions before its part of the keys, values,
+  positions and sequence ids, and nothing is gathered (cutting the
+  uneven length into blocks of 10 gathered it before)."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+      "all:8", _rules([("length", "all")]))
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  q = layer_testing.mtf_testing.import_array(
+      mesh, _u([100, 2, 8], 0), [mtf.Dimension("length", 100),
+                                 mtf.Dimension("heads", 2),
+                                 mtf.Dimension("d_kv", 8)])
+  length, _, d_kv = q.shape.dims
+  o = attention.local_attention_1d(q, q, q, length, d_kv, d_kv, radius=16,
+                                   length_dim_num_splits=8)
+  lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+  assert lowering.export_to_tf_tensor(o).shape == (100, 2, 8)
+  comm = {k: v for k, v in lowering.counters if k.startswith("comm/")}
+  # 8 processors x 16 rows x (2 x 64 bytes of k and v + 2 x 4 of ints).
+  assert comm == {"comm/receive/all/calls": 8,
+                  "comm/receive/all/bytes": 8 * 16 * (2 * 64 + 2 * 4),
+                  "comm/receive/all/wire_bytes": 14824}
+
 # ------------------------------------------------ incremental decoding
 
 DECODE_LAYOUTS = {

@@ -47,11 +47,11 @@ def local_attention_1d(q,
     value_dim: a Dimension (channels of v).
     fully_autoregressive: a boolean.
     length_dim_num_splits: an integer, a hint: in how many parts the layout
-      splits length_dim. The block length is the largest divisor of the
-      length not above max(radius, 128) nor the length of one part
-      (rounded up). The answer does not depend on it: any layout, even or
-      uneven, gives the same outputs; a matching hint only keeps blocks
-      from straddling processors.
+      splits length_dim, evenly or not (then the length is padded to
+      equal parts). The block length is the largest divisor of one part
+      not above max(radius, 128). The answer does not depend on it: any
+      layout gives the same outputs; a matching hint keeps blocks from
+      straddling processors, so that only the halos move.
     radius: an integer.
     sequence_id: a Tensor with length_dim, or an integer (one sequence).
     write_priority: an optional Tensor with length_dim.
@@ -66,19 +66,34 @@ def local_attention_1d(q,
                      f">= 1, got {length_dim_num_splits}")
   if radius < 1:
     raise ValueError(f"local_attention_1d: radius must be >= 1, got {radius}")
-  block_length = _block_length(length_dim.size, length_dim_num_splits,
+  # A hint that does not divide the length (an uneven split) pads the
+  # length to equal parts; the padding is never seen and sliced off.
+  length = length_dim.size
+  work_dim = mtf.Dimension(
+      length_dim.name, -(-length // length_dim_num_splits) *
+      length_dim_num_splits)
+  padding = work_dim.size - length
+
+  def to_work(x):
+    if padding == 0 or length_dim not in x.shape.dims:
+      return x
+    return mtf.pad(x, [0, padding], length_dim.name)
+
+  block_length = _block_length(work_dim.size, length_dim_num_splits,
                                max(radius, 128))
   query_block = mtf.Dimension("query_block_length", block_length)
   memory_block = mtf.Dimension("memory_block_length", block_length)
-  num_blocks = mtf.Dimension(length_dim.name, length_dim.size // block_length)
+  num_blocks = mtf.Dimension(length_dim.name, work_dim.size // block_length)
   exchange = (mtf.left_halo_exchange if fully_autoregressive
               else mtf.halo_exchange)
 
   def reshape_query(x):
-    return mtf.replace_dimensions(x, length_dim, [num_blocks, query_block])
+    return mtf.replace_dimensions(to_work(x), work_dim,
+                                  [num_blocks, query_block])
 
   def reshape_memory(x):
-    x = mtf.replace_dimensions(x, length_dim, [num_blocks, memory_block])
+    x = mtf.replace_dimensions(to_work(x), work_dim,
+                               [num_blocks, memory_block])
     return exchange(x, num_blocks, memory_block, radius)
 
   mesh = q.mesh
@@ -90,7 +105,7 @@ def local_attention_1d(q,
   if (not isinstance(sequence_id, mtf.Tensor) or
       length_dim not in sequence_id.shape.dims):
     sequence_id += mtf.zeros(mesh, [length_dim], tf.int32)
-  pos = mtf.range(mesh, length_dim, dtype=tf.int32)
+  pos = mtf.range(mesh, work_dim, dtype=tf.int32)
   q_pos = reshape_query(pos)
   # Positions are exchanged shifted by one so that the zeros the exchange
   # puts before the first block (and after the last) are told apart from
@@ -98,6 +113,8 @@ def local_attention_1d(q,
   m_pos = reshape_memory(pos + 1)
   visible = mtf.greater(m_pos, 0)
   m_pos -= 1
+  if padding:
+    visible = mtf.logical_and(visible, mtf.less(m_pos, length))
   relative_position = m_pos - q_pos
   visible = mtf.logical_and(
       visible, mtf.equal(reshape_query(sequence_id),
@@ -117,17 +134,14 @@ def local_attention_1d(q,
   o = multihead_attention.attention(q, k, v, padded_memory_block, key_dim,
                                     value_dim, bias,
                                     **(attention_kwargs or {}))
-  return mtf.replace_dimensions(o, [num_blocks, query_block], length_dim)
+  o = mtf.replace_dimensions(o, [num_blocks, query_block], work_dim)
+  return mtf.slice(o, 0, length, length_dim.name) if padding else o
 
 
 def _block_length(length, num_splits, longest):
-  """The block length of local_attention_1d: as in the original, the
-  largest divisor of one part (length / num_splits) not above `longest`;
-  when num_splits does not divide the length, the largest divisor of the
-  length not above `longest` nor one part rounded up."""
-  part = -(-length // num_splits)
-  whole = part if length % num_splits == 0 else length
-  block = min(longest, part)
-  while whole % block:
+  """The original's block length: the largest divisor of one part
+  (length / num_splits, which num_splits divides) not above `longest`."""
+  block = min(longest, length // num_splits)
+  while (length // num_splits) % block:
     block -= 1
   return block
