@@ -519,11 +519,11 @@ def test_split_dimension_example_slices_and_pads(capsys):
                       "comm/receive/all/bytes": 5120,
                       "comm/receive/all/wire_bytes": 3504}
   text = " ".join(readme_testing.readme_text().split())
-  assert "move 3,504 bytes in 4 receives" in text
+  assert "send 3,504 bytes over the wire in 4 receives" in text
   x = scope["x"]
   moved = scope["lowering"].export_to_tf_tensor(scope["moved"]).numpy()
   np.testing.assert_array_equal(moved, np.pad(x[:100], [(28, 0), (0, 0)]))
-  # "gathering the length once would move 14,336"
+  # "gathering the length once would send 14,336"
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   seq = mtf.import_tf_tensor(mesh, x, "length:128;d:4")
@@ -531,7 +531,9 @@ def test_split_dimension_example_slices_and_pads(capsys):
                 unsplittable="gather")
   gathered = mtf.Lowering(graph, {mesh: scope["impl"]}).counters
   assert dict(gathered)["comm/allconcat/all/wire_bytes"] == 14336
-  assert "would move 14,336" in text
+  assert "would send 14,336" in text
+  # The local attention figures are test_split_length_attention's.
+  assert "8 receives (14,824 bytes on the wire)" in text
 
 
 def test_error_message_example_is_the_real_one():
