@@ -21,6 +21,11 @@ processor gathers the dimension. When the permutes would send more bytes,
 or take more calls than a ring allconcat has steps (`Plan.gathers`), the
 lowering gathers the dimension (allconcat), slices locally and keeps its
 own block instead.
+
+`plan_windows` plans windows that may overlap (a convolution's input rows
+with their halo, ops/spatial_windows.py) the same way, and `scatter_add`
+is the transpose of `regrid` (their gradients): the rows go back where
+they came from, and overlapping rows add.
 """
 
 import dataclasses
@@ -38,7 +43,8 @@ class Plan:
 
   Attributes:
     block: input rows per processor (ceil(n / k)).
-    out_block: output rows per processor (ceil(n_out / k)).
+    out_block: output rows per processor (ceil(n_out / k), or the width
+      of a window: `plan_windows`).
     widths: {offset o != 0: rows of the piece each processor q sends to
       processor q + o}.
     pieces: {offset: {output block p: (first row in input block p - o,
@@ -125,14 +131,14 @@ def _receive_table(the_plan, k, offsets):
   return table
 
 
-def _row(table, pcoord):
+def row(table, pcoord):
   """Row `pcoord` (an int, or an int tensor in a SIMD program) of table."""
   if isinstance(pcoord, (int, np.integer)):
     return tf.constant(table[int(pcoord)])
   return tf.gather(tf.constant(table), pcoord)
 
 
-def _with_zero_row(s, axis):
+def with_zero_row(s, axis):
   """Slice `s` with one zero row appended along `axis`."""
   shape = slice_utils.static_shape(s)
   shape[axis] = 1
@@ -149,15 +155,15 @@ def regrid(impl, x, axis, mesh_axis, the_plan):
   for o in offsets:
     table = _send_table(the_plan, k, o)
     piece = impl.slicewise(
-        lambda s, c, t=table: tf.gather(_with_zero_row(s, axis), _row(t, c),
+        lambda s, c, t=table: tf.gather(with_zero_row(s, axis), row(t, c),
                                         axis=axis), x, pcoord)
     sources = [p - o if p in the_plan.pieces[o] else None for p in range(k)]
     parts.append(impl.receive(piece, mesh_axis, sources))
   table = _receive_table(the_plan, k, offsets)
 
   def assemble(c, *slices):
-    return tf.gather(_with_zero_row(tf.concat(slices, axis=axis), axis),
-                     _row(table, c), axis=axis)
+    return tf.gather(with_zero_row(tf.concat(slices, axis=axis), axis),
+                     row(table, c), axis=axis)
 
   return impl.slicewise(assemble, pcoord, x, *parts)
 
@@ -180,7 +186,7 @@ def scatter_add(impl, g, axis, mesh_axis, the_plan):
       send[p, :n] = np.arange(dst, dst + n)
       back[p - o, src:src + n] = np.arange(n)
     piece = impl.slicewise(
-        lambda s, c, t=send: tf.gather(_with_zero_row(s, axis), _row(t, c),
+        lambda s, c, t=send: tf.gather(with_zero_row(s, axis), row(t, c),
                                        axis=axis), g, pcoord)
     sources = [q + o if q + o in the_plan.pieces[o] else None
                for q in range(k)]
@@ -191,9 +197,9 @@ def scatter_add(impl, g, axis, mesh_axis, the_plan):
     own[p, src:src + n] = np.arange(dst, dst + n)
 
   def assemble(c, s, *received):
-    total = tf.gather(_with_zero_row(s, axis), _row(own, c), axis=axis)
+    total = tf.gather(with_zero_row(s, axis), row(own, c), axis=axis)
     for r, table in zip(received, tables):
-      total += tf.gather(_with_zero_row(r, axis), _row(table, c), axis=axis)
+      total += tf.gather(with_zero_row(r, axis), row(table, c), axis=axis)
     return total
 
   return impl.slicewise(assemble, pcoord, g, *parts)

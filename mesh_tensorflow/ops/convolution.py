@@ -4,8 +4,10 @@ Inputs are [batch..., spatial..., in_channels] with any number of leading
 batch dimensions; filters are [filter_spatial..., in_channels,
 out_channels] (for the transposed convolutions [filter_spatial...,
 out_channels, in_channels], as in `tf.nn.conv2d_transpose`). Spatial and
-filter-spatial dimensions must not be split across the mesh (a LayoutError
-says so); batch and channel dimensions may be.
+batch, channel and spatial dimensions may be split across the mesh (evenly
+or not); filter-spatial dimensions may not (a LayoutError says so: each
+processor would hold some taps of every window, and the forward
+convolution would leave a sum over them pending in every output row).
 
 Communication: each processor convolves its slices. When the input-channel
 dimension is split, every processor holds a partial sum over its channel
@@ -18,6 +20,18 @@ Example on mesh "rows:2;cols:2" with rules "batch:rows;cin:cols":
 x[batch, h, w, cin] * filter[fh, fw, cin, cout] -> y[batch, h, w, cout].
 Processor (r, c) convolves batch block r, channel block c of x with channel
 block c of the filter; an allreduce over "cols" adds the two channel blocks.
+
+Along a split spatial dimension (any strides, SAME or VALID) each
+processor convolves the window of input rows its output block reads: its
+own rows plus the halo its neighbours hold, received from them alone (see
+`spatial_windows`), with VALID padding (zeros past the ends stand for
+SAME's). The input gradient (and the transposed convolution, which is
+one) sends each window's rows back to their blocks, where overlapping
+halos add; the filter gradient sums over the split spatial dimension too
+(an allreduce over its mesh dimension, lazily). Example: conv2d SAME with a
+3x3 filter of x[batch, h=12, w, cin] on mesh "rows:4" with rule "h:rows":
+processor p receives row 3p - 1 from p - 1 and row 3p + 3 from p + 1 (two
+receives) and convolves its 5 rows into its 3 output rows.
 
 `conv2d_with_blocks` / `conv3d_with_blocks` convolve an image cut into
 spatial blocks ([batch, h_blocks, w_blocks, h, w, c]) whose block dimensions
@@ -42,6 +56,7 @@ from mesh_tensorflow.backend import slice_utils
 from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import shifts
 from mesh_tensorflow.ops import slicing
+from mesh_tensorflow.ops import spatial_windows
 
 __all__ = [
     "Conv2dOperation",
@@ -132,6 +147,37 @@ def _tf_backprop_filter(rank):
           tf.raw_ops.Conv3DBackpropFilterV2)
 
 
+def _conv_kernel(rank, strides):
+  """kernel(image window, filter) -> VALID convolution."""
+  def kernel(x, f):
+    flat, restore = _flatten_batch_dims(x, rank + 1)
+    return restore(_tf_conv(rank)(flat, f, strides, "VALID"))
+  return kernel
+
+
+def _backprop_input_kernel(rank, strides):
+  """kernel(filter, grad, window sizes) -> VALID input gradient."""
+  def kernel(f, g, sizes):
+    flat, restore = _flatten_batch_dims(g, rank + 1)
+    shape = slice_utils.static_shape(flat)[:1] + list(sizes) + [
+        slice_utils.static_shape(f)[-2]]
+    return restore(_tf_backprop_input(rank)(
+        input_sizes=shape, filter=f, out_backprop=flat, strides=strides,
+        padding="VALID"))
+  return kernel
+
+
+def _backprop_filter_kernel(rank, strides, filter_slice_shape):
+  """kernel(image window, grad) -> VALID filter gradient."""
+  def kernel(x, g):
+    x_flat, _ = _flatten_batch_dims(x, rank + 1)
+    g_flat, _ = _flatten_batch_dims(g, rank + 1)
+    return _tf_backprop_filter(rank)(
+        input=x_flat, filter_sizes=filter_slice_shape, out_backprop=g_flat,
+        strides=strides, padding="VALID")
+  return kernel
+
+
 def _split_axes(impl, dims):
   return sorted({impl.tensor_dimension_to_mesh_axis(d) for d in dims} -
                 {None})
@@ -155,11 +201,11 @@ class _ConvBase(graph_lib.Operation):
   _kind = "conv"
   # Dimensions refused by check_splits beyond the unsplittable marks.
   _refused_splits = frozenset()
-  # Uneven splits: spatial dimensions are never split, so only batch and
-  # channel dimensions are padded. Every lowering is linear in each operand
-  # and works on slices: padded batch entries and channels are zero in one
-  # operand (the filter's channels are padded as the image's are), so they
-  # add nothing to sums over channels or batch and come out zero.
+  # Uneven splits: every lowering is linear in each operand and works on
+  # slices (or windows): padded batch entries, channels and spatial rows
+  # are zero in one operand (the filter's channels are padded as the
+  # image's are), so they add nothing to sums and come out zero; output
+  # rows past the real ones of a padded spatial dimension are zeroed.
   handles_padding = True
   padding_stays_zero = True
 
@@ -193,20 +239,124 @@ class _ConvBase(graph_lib.Operation):
           f"{image_shape} must be dimension "
           f"{filter_image_channel_axis % (rank + 2)} of filter "
           f"{filter_shape}.")
-    self._unsplittable = [d.name for d in self._spatial_dims +
-                          self._filter_spatial_dims]
+    self._unsplittable = [d.name for d in self._filter_spatial_dims]
 
   def _mark_all_splittable_as_the_original(self):
     """The original marked every dimension of its backprop operations
     splittable (automatic layout reads the forward convolution's marks);
-    check_splits still refuses spatial splits, which these slicewise
-    lowerings cannot do."""
+    check_splits still refuses filter-spatial splits."""
     self._initialize_all_dimensions_as_splittable()
     self._refused_splits = frozenset(self._unsplittable)
 
   def check_splits(self, lowering):
+    for t in self._inputs + self._outputs:
+      impl = lowering.mesh_impl(t)
+      for d in t.shape:
+        axis = impl.tensor_dimension_to_mesh_axis(d)
+        if d.name in self._unsplittable and axis is not None:
+          raise errors.LayoutError(
+              f"{type(self).__name__} {self.name!r} cannot lower with "
+              f"filter-spatial dimension {d.name!r} (size {d.size}) split "
+              f"over mesh dimension {impl.shape[axis].name!r}: each "
+              "processor would hold some taps of every window (split the "
+              "image's spatial dimensions instead); change the layout "
+              f"rules so that {d.name!r} is not split.")
     super().check_splits(lowering)
-    self._refuse_splits(lowering, self._refused_splits)
+
+  @property
+  def window_strides(self):
+    """The spatial strides."""
+    return self._strides[1:-1]
+
+  @property
+  def window_padding(self):
+    """"SAME" or "VALID"."""
+    return self._padding
+
+  def moved_tensor(self):
+    """Along split spatial dimensions: (the input whose windows move, False)
+    or (None, True) when the output's rows go back to their blocks."""
+    return 0, False
+
+  def window_sizes(self):
+    """(image-side spatial sizes, output-side spatial sizes): the
+    convolution's input rows and the rows it maps them to."""
+    image = [d.size for d in self._spatial_dims]
+    return image, [_conv_output_size(n, f.size, s, self._padding, "", None)
+                   for n, f, s in zip(image, self._filter_spatial_dims,
+                                      self._strides[1:-1])]
+
+  def _window_args(self):
+    return ([f.size for f in self._filter_spatial_dims],
+            self._strides[1:-1], self._padding)
+
+  def split_windows(self, impl):
+    """The SplitWindow of each split spatial dimension under `impl`."""
+    image, out = self.window_sizes()
+    dims = [shape_lib.Dimension(d.name, n)
+            for d, n in zip(self._spatial_dims, image)]
+    return spatial_windows.split_windows_of(impl, dims, out,
+                                            *self._window_args())
+
+  def cost_windows(self, layout):
+    """split_windows under a cost_rules.CostLayout."""
+    image, out = self.window_sizes()
+    return spatial_windows.split_windows(
+        image, out, *self._window_args(),
+        [layout.mesh_dim(d.name) for d in self._spatial_dims], layout.sizes)
+
+  def _whole_pads(self, windows):
+    """[before, after] zero rows per spatial dimension: SAME's for the
+    whole ones, none for the split ones (their windows hold them)."""
+    image, out = self.window_sizes()
+    split = {w.index for w in windows}
+    pads = []
+    for i, (n, o, f, s) in enumerate(zip(image, out, *self._window_args()[:2])):
+      total = 0
+      if self._padding == "SAME" and i not in split:
+        total = max((o - 1) * s + f - n, 0)
+      pads.append([total // 2, total - total // 2])
+    return pads
+
+  def _lower_gathering_windows(self, lowering, image, other, kernel):
+    """Windows of laid-out `image` (its whole spatial dimensions padded as
+    SAME pads them), then kernel(image window, other slice) with VALID
+    padding."""
+    impl = lowering.mesh_impl(self)
+    windows = self.split_windows(impl)
+    first = len(self._batch_dims)
+    image = spatial_windows.gather_windows(impl, image, first, windows)
+    pads = self._whole_pads(windows)
+
+    def fn(x_slice, o_slice):
+      paddings = [[0, 0]] * first + pads + [[0, 0]]
+      return kernel(slice_utils.tf_pad(x_slice, paddings), o_slice)
+
+    return impl.slicewise(fn, image, other)
+
+  def _lower_scattering_windows(self, lowering, grad, conv_filter, kernel):
+    """kernel(filter slice, grad slice, window sizes) with VALID padding
+    gives the image-side windows (whole spatial dimensions padded as SAME
+    pads them, then cut), whose rows go back to their blocks."""
+    impl = lowering.mesh_impl(self)
+    windows = self.split_windows(impl)
+    first = len(self._batch_dims)
+    pads = self._whole_pads(windows)
+    image, _ = self.window_sizes()
+    sizes = [n + a + b for n, (a, b) in zip(image, pads)]
+    for w in windows:
+      sizes[w.index] = w.plan.out_block
+
+    def fn(f_slice, g_slice):
+      x = kernel(f_slice, g_slice, sizes)
+      shape = slice_utils.static_shape(x)
+      begin = [0] * first + [a for a, _ in pads] + [0]
+      size = shape[:first] + [n - a - b for n, (a, b) in zip(
+          shape[first:-1], pads)] + shape[-1:]
+      return slice_utils.tf_slice(x, begin, size)
+
+    x = impl.slicewise(fn, conv_filter, grad)
+    return spatial_windows.scatter_add_windows(impl, x, first, windows)
 
   def _conv_shape(self, out_channels):
     """The output shape of the convolution of the validated input."""
@@ -236,7 +386,9 @@ class _ConvCost(cost_rules.CostRule):
   may_pend = True
 
   def attributes(self, info):
-    return (info.op.rank,)
+    op = info.op
+    return (op.rank, tuple(op.window_strides), op.window_padding,
+            op.moved_tensor())
 
   def run(self, info, ctx):
     layout = ctx.layout
@@ -248,9 +400,17 @@ class _ConvCost(cost_rules.CostRule):
       per_out = math.prod(s for _, s in filt[0][:-1])
       flops = 2 * per_out * max(layout.slice_elements(d) for d in sides)
     pending = layout.summed_mesh_dims(info.in_dims, info.out_dims[0])
+    collectives = []
+    windows = info.op.cost_windows(layout)
+    if windows:
+      index, transpose = info.op.moved_tensor()
+      dims, itemsize = ((info.out_dims[0], info.out_itemsize[0]) if transpose
+                        else (info.in_dims[index], info.in_itemsize[index]))
+      collectives = spatial_windows.window_collectives(
+          layout, dims, itemsize, len(dims) - rank - 1, windows, transpose)
     # Like an einsum's, its operands and result are priced at the matmul
     # byte rate.
-    return cost_rules.RuleResult([pending], flops=flops,
+    return cost_rules.RuleResult([pending], collectives, flops=flops,
                                  matmul_bytes=cost_rules.io_bytes(info,
                                                                   layout))
 
@@ -282,9 +442,13 @@ class _ForwardConvOperation(_ConvBase):
     channels leave a pending sum."""
     impl = lowering.mesh_impl(self)
     x, conv_filter = self._inputs
-    fn = self._slice_fn(impl.slice_shape(self._outputs[0].shape))
-    y = impl.slicewise(fn, lowering.laid_out_tensor(x),
-                       lowering.laid_out_tensor(conv_filter))
+    x, conv_filter = (lowering.laid_out_tensor(x),
+                      lowering.laid_out_tensor(conv_filter))
+    if self.split_windows(impl):
+      y = self._lower_split(lowering, x, conv_filter)
+    else:
+      fn = self._slice_fn(impl.slice_shape(self._outputs[0].shape))
+      y = impl.slicewise(fn, x, conv_filter)
     y = _lazy_sum(impl, y, _split_axes(impl, [self._image_channels]))
     lowering.set_tensor_lowering(self._outputs[0], y)
 
@@ -308,6 +472,12 @@ class _ConvOperation(_ForwardConvOperation):
         _backprop_filter(x, conv_filter.shape, dy, self._strides,
                          self._padding, self._rank),
     ]
+
+  def _lower_split(self, lowering, x, conv_filter):
+    y = self._lower_gathering_windows(
+        lowering, x, conv_filter, _conv_kernel(self._rank, self._strides))
+    return spatial_windows.fill_output_padding(
+        lowering.mesh_impl(self), y, self._outputs[0].shape)
 
   def _slice_fn(self, output_slice_shape):
     del output_slice_shape
@@ -397,6 +567,9 @@ class Conv2or3dBackpropInputOperation(_ConvBackpropOperation):
                            self._conv_shape(conv_filter.shape.dims[-1]))
     self._finish(input_shape, dy.dtype)
 
+  def moved_tensor(self):
+    return (1, False) if self._is_transpose else (None, True)
+
   def gradient(self, grad_ys):
     g = grad_ys[0]
     conv_filter, dy = self._inputs
@@ -417,6 +590,19 @@ class Conv2or3dBackpropInputOperation(_ConvBackpropOperation):
     impl = lowering.mesh_impl(self)
     conv_filter, dy = self._inputs
     rank, strides, padding = self._rank, self._strides, self._padding
+    if self.split_windows(impl):
+      f, g = (lowering.laid_out_tensor(t) for t in self._inputs)
+      if self._is_transpose:  # conv(dy, filter)
+        y = spatial_windows.fill_output_padding(
+            impl, self._lower_gathering_windows(
+                lowering, g, f, _conv_kernel(rank, strides)),
+            self._outputs[0].shape)
+      else:
+        y = self._lower_scattering_windows(
+            lowering, g, f, _backprop_input_kernel(rank, strides))
+      lowering.set_tensor_lowering(self._outputs[0], _lazy_sum(
+          impl, y, _split_axes(impl, [dy.shape.dims[-1]])))
+      return
     input_slice_shape = impl.slice_shape(self._outputs[0].shape)
     kept = input_slice_shape[-(rank + 1):]
 
@@ -464,6 +650,9 @@ class Conv2or3dBackpropFilterOperation(_ConvBackpropOperation):
     self._check_dy_shape(grad.shape, self._conv_shape(filter_shape.dims[-1]))
     self._finish(filter_shape, dy.dtype)
 
+  def moved_tensor(self):
+    return (1 if self._is_transpose else 0), False
+
   def gradient(self, grad_ys):
     g = grad_ys[0]
     conv_input, dy = self._inputs
@@ -482,6 +671,19 @@ class Conv2or3dBackpropFilterOperation(_ConvBackpropOperation):
     rank, strides, padding = self._rank, self._strides, self._padding
     filter_slice_shape = impl.slice_shape(self._outputs[0].shape)
     swap = self._is_transpose
+    windows = self.split_windows(impl)
+    if windows:
+      image, grad = (lowering.laid_out_tensor(t) for t in self._inputs)
+      if swap:
+        image, grad = grad, image
+      y = self._lower_gathering_windows(
+          lowering, image, grad,
+          _backprop_filter_kernel(rank, strides, filter_slice_shape))
+      spatial = (dy if swap else conv_input).shape.dims[
+          len(self._batch_dims):-1]
+      lowering.set_tensor_lowering(self._outputs[0], _lazy_sum(
+          impl, y, _split_axes(impl, self._batch_dims + spatial)))
+      return
 
     def fn(input_slice, dy_slice):
       x_slice, g_slice = (dy_slice, input_slice) if swap else (input_slice,
@@ -542,6 +744,19 @@ class _ConvTransposeOperation(_ForwardConvOperation):
         _backprop_filter(g, conv_filter.shape, x, self._strides,
                          self._padding, self._rank),
     ]
+
+  def moved_tensor(self):
+    return None, True
+
+  def window_sizes(self):
+    """The image side is the output; x is the convolution's output side."""
+    return ([d.size for d in self._outputs[0].shape.dims[
+        -(self._rank + 1):-1]], [d.size for d in self._spatial_dims])
+
+  def _lower_split(self, lowering, x, conv_filter):
+    return self._lower_scattering_windows(
+        lowering, x, conv_filter,
+        _backprop_input_kernel(self._rank, self._strides))
 
   def _slice_fn(self, output_slice_shape):
     rank, strides, padding = self._rank, self._strides, self._padding

@@ -129,7 +129,7 @@ def gather_windows(impl, x, first_spatial_axis, windows):
         table[p, dst:dst + n] = np.arange(first, first + n)
     x = impl.slicewise(
         lambda s, c, a=axis, t=table: tf.gather(
-            regrid._with_zero_row(s, a), regrid._row(t, c), axis=a),  # pylint: disable=protected-access
+            regrid.with_zero_row(s, a), regrid.row(t, c), axis=a),
         whole, impl.laid_out_pcoord(w.mesh_dim))
   return x
 

@@ -135,6 +135,9 @@ _CASES = [
     ("ops", "m:2;q:2", "c:m;n:q;blocks:q", "none", True),
     ("ops", "m:2;q:2", "b:m;o:q", "none", False),
     ("ops", "m:2;q:2", "o:m;u:q", "none", False),
+    # Split spatial dimensions: the convolution's windows (halo receives,
+    # or a gather over 2) and its gradients'.
+    ("ops", "m:3;q:2", "h:m;w:q", "none", False),
     # A pipeline: stages handed over between neighbours.
     ("pipe", "s:4", "stage:s", "none", True),
     ("pipe", "s:4;m:2", "stage:s;hidden:m", "none", False),

@@ -3,7 +3,8 @@
 The reference values and gradients come from tf.nn on the full tensors
 (with tf.GradientTape), which is cheaper than central differences for
 tensors of this size. Batch and channel dimensions take every standard
-layout; spatial dimensions stay whole (splitting them is a LayoutError).
+layout; split spatial dimensions are tests/ops/test_spatial_splits.py's,
+split filter-spatial dimensions are a LayoutError.
 """
 
 import numpy as np
@@ -392,18 +393,20 @@ def _graph_with_conv(x_dims="batch:8,h:4,w:4,cin:8",
   return graph, mesh, x, f
 
 
-@pytest.mark.parametrize("split", ["h", "w", "fh", "fw"])
-def test_split_spatial_dimension_raises_layout_error(split):
+@pytest.mark.parametrize("split", ["fh", "fw"])
+def test_split_filter_spatial_dimension_raises_layout_error(split):
+  # A split image spatial dimension lowers (tests/ops/test_spatial_splits.py).
   graph, mesh, x, f = _graph_with_conv()
   mtf.conv2d(x, f, (1, 1), "SAME")
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", f"{split}:all")
-  with pytest.raises(mtf.LayoutError, match=f"'{split}'"):
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:3", f"{split}:all")
+  with pytest.raises(mtf.LayoutError,
+                     match=f"filter-spatial dimension '{split}'"):
     mtf.Lowering(graph, {mesh: impl})
 
 
 def test_backprop_operations_mark_every_dimension_splittable():
   # As the original's (automatic layout reads the forward convolution's
-  # marks); lowering still refuses a split spatial dimension.
+  # marks); lowering still refuses a split filter-spatial dimension.
   graph, mesh, x, f = _graph_with_conv()
   dy = mtf.zeros(mesh, "batch:8,h:4,w:4,cout:8")
   ops = [mtf.Conv2or3dBackpropInputOperation(2, False, x.shape, f, dy,
@@ -414,8 +417,8 @@ def test_backprop_operations_mark_every_dimension_splittable():
     assert op.splittable_dims == {"batch", "h", "w", "cin", "cout", "fh",
                                   "fw"}
     assert not op.unsplittable_dims
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "h:all")
-  with pytest.raises(mtf.LayoutError, match="conv2d_backprop_input.*'h'"):
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:3", "fh:all")
+  with pytest.raises(mtf.LayoutError, match="conv2d_backprop_input.*'fh'"):
     mtf.Lowering(graph, {mesh: impl})
 
 
