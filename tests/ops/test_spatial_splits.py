@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import cost_model
+from mesh_tensorflow.auto_mtf import valid_layouts
 from tests import mtf_testing
 
 # Every layout in eager mode; SIMD, function and graph on b2m4 (their
@@ -212,3 +213,17 @@ def test_convolution_collectives():
                                        "fh:3;fw:3;cout:1;cin:2", (2, 2),
                                        "VALID", transpose=True),
       "rows:4;cols:2", [("h", "rows"), ("w", "cols")])
+
+
+def test_auto_mtf_sees_spatial_splits_as_valid():
+  """The layout search's filter reads the operations' marks: spatial
+  dimensions of convolutions and pooling are splittable, filter-spatial
+  ones are not."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, "b:2;h:12;w:4;cin:2")
+  f = mtf.zeros(mesh, "fh:3;fw:3;cin:2;cout:2")
+  mtf.max_pool2d(mtf.conv2d(x, f, (1, 1), "SAME"))
+  validator = valid_layouts.LayoutValidator(graph, "m1:4;m2:2")
+  assert validator.splittable_mtf_dimension_names == {"b", "cin", "cout",
+                                                      "h", "w"}
