@@ -14,19 +14,21 @@ two mesh axes), not for all of them: it lowers the same way as "graph", and
 the suite has a time budget (all standard layouts cost ~5 minutes of CPU
 time, this one ~1.5).
 
-For the same budget, `layout_mode_params` runs every layout in the modes
-of EVERY_LAYOUT_MODES only ("eager" on PlacementMeshImpl, "simd" on
-SimdMeshImpl), and tf.function and graph mode on the layouts of
-TRACED_MODE_LAYOUTS (the 2-D mesh). On one mesh implementation the lowering
-is the same Python code in every mode, so what a layout changes (which
-slices, which collectives) is checked eagerly, and what a mode changes
-(tracing, a compat-mode Session, static shapes) is checked on the layout
-that splits the most; the pair (mode, layout) adds nothing the two do not.
-tf.function and graph mode are ~40% of an op test's time.
+For the same budget, `layout_mode_params` runs every layout eagerly on
+PlacementMeshImpl, "simd" (SimdMeshImpl) on the 2-D layouts of
+SIMD_MODE_LAYOUTS, and tf.function and graph mode on the layouts of
+TRACED_MODE_LAYOUTS (the 2-D mesh). Both implementations lower an
+operation by the same Python code and differ in their collectives, so what
+a layout changes (which slices, which collectives) is checked eagerly on
+every layout, SimdMeshImpl's collectives on the meshes whose groups run
+over one mesh axis or the other, and what a mode changes (tracing, a
+compat-mode Session, static shapes) on the layout that splits the most;
+the other pairs add nothing these do not. tf.function and graph mode are
+~40% of an op test's time, and SIMD on every layout was ~1/3 of the suite.
 
 `uneven_layout_mode_params` chooses the same way among `uneven_layouts`
 (LayoutRules with allow_uneven=True, for sizes the mesh does not divide),
-tracing on the 2-D layout "b2m4".
+SIMD on the 2-D layouts "b2m4" and "b4m2", tracing on "b2m4".
 """
 
 import contextlib
@@ -54,6 +56,12 @@ GRAPH_MODES = ("graph", V1_SHAPES_MODE)
 # the standard_layouts case ids in TRACED_MODE_LAYOUTS.
 EVERY_LAYOUT_MODES = ("eager", "simd")
 TRACED_MODE_LAYOUTS = ("2d",)
+# The standard and uneven case ids on which layout_mode_params and
+# uneven_layout_mode_params run "simd": the 2-D meshes, whose collectives
+# run over groups of either mesh axis (the other layouts lower by the same
+# Python code, checked eagerly on PlacementMeshImpl).
+SIMD_MODE_LAYOUTS = ("2d", "2d_swapped")
+UNEVEN_SIMD_MODE_LAYOUTS = ("b2m4", "b4m2")
 
 
 @contextlib.contextmanager
@@ -513,19 +521,23 @@ def assert_padding_is_zero(slices, begins, padded_axes, what):
 def layout_mode_params(dim_names, modes=MODES,
                        v1_shapes_layouts=V1_SHAPES_LAYOUTS, layouts=None,
                        every_layout_modes=EVERY_LAYOUT_MODES,
-                       traced_mode_layouts=TRACED_MODE_LAYOUTS):
+                       traced_mode_layouts=TRACED_MODE_LAYOUTS,
+                       simd_mode_layouts=SIMD_MODE_LAYOUTS):
   """pytest parameters (mesh_shape, layout, mode) with readable ids.
 
   Every standard layout (or only the case ids in `layouts`) in each of
-  `modes` that is in `every_layout_modes`; the other modes on the layouts
-  named in `traced_mode_layouts` (on every chosen layout when none of
-  them is chosen; pass every_layout_modes=MODES for the full product); when
-  `modes` has "graph", also the layouts named in `v1_shapes_layouts` in
-  V1_SHAPES_MODE.
+  `modes` that is in `every_layout_modes`, except "simd", which runs on
+  the layouts named in `simd_mode_layouts` (on every chosen layout when
+  none of them is chosen; None: on every layout); the other modes on the
+  layouts named in `traced_mode_layouts` (likewise; pass
+  every_layout_modes=MODES and simd_mode_layouts=None for the full
+  product); when `modes` has "graph", also the layouts named in
+  `v1_shapes_layouts` in V1_SHAPES_MODE.
   """
   return _case_mode_params(
       standard_layouts(dim_names), "standard", dim_names, modes,
-      v1_shapes_layouts, layouts, every_layout_modes, traced_mode_layouts)
+      v1_shapes_layouts, layouts, every_layout_modes, traced_mode_layouts,
+      simd_mode_layouts)
 
 
 # uneven_layouts case ids that uneven_layout_mode_params runs in the
@@ -560,24 +572,33 @@ def uneven_layouts(dim_names):
   return cases
 
 
-def uneven_layout_mode_params(dim_names, modes=MODES,
-                              v1_shapes_layouts=UNEVEN_TRACED_MODE_LAYOUTS,
-                              layouts=None,
-                              every_layout_modes=EVERY_LAYOUT_MODES,
-                              traced_mode_layouts=UNEVEN_TRACED_MODE_LAYOUTS):
+def uneven_layout_mode_params(
+    dim_names, modes=MODES, v1_shapes_layouts=UNEVEN_TRACED_MODE_LAYOUTS,
+    layouts=None, every_layout_modes=EVERY_LAYOUT_MODES,
+    traced_mode_layouts=UNEVEN_TRACED_MODE_LAYOUTS,
+    simd_mode_layouts=UNEVEN_SIMD_MODE_LAYOUTS):
   """pytest parameters (mesh_shape, layout, mode) over `uneven_layouts`.
 
   As layout_mode_params chooses them: every uneven layout (or the case ids
-  in `layouts`) in "eager" and "simd", and "function", "graph" and
-  V1_SHAPES_MODE on the 2-D layout "b2m4" only.
+  in `layouts`) eagerly, "simd" on the 2-D layouts "b2m4" and "b4m2", and
+  "function", "graph" and V1_SHAPES_MODE on "b2m4" only.
   """
   return _case_mode_params(
       uneven_layouts(dim_names), "uneven", dim_names, modes,
-      v1_shapes_layouts, layouts, every_layout_modes, traced_mode_layouts)
+      v1_shapes_layouts, layouts, every_layout_modes, traced_mode_layouts,
+      simd_mode_layouts)
+
+
+def _chosen(cases, named):
+  """The ids of `cases` among `named`, or all of them when none is (or
+  `named` is None)."""
+  ids = {case[0] for case in cases}
+  return ids if named is None else (ids & set(named)) or ids
 
 
 def _case_mode_params(cases, kind, dim_names, modes, v1_shapes_layouts,
-                      layouts, every_layout_modes, traced_mode_layouts):
+                      layouts, every_layout_modes, traced_mode_layouts,
+                      simd_mode_layouts=None):
   """layout_mode_params over (id, mesh shape, layout) `cases`."""
   import pytest  # pylint: disable=g-import-not-at-top
   if layouts is not None:
@@ -586,12 +607,17 @@ def _case_mode_params(cases, kind, dim_names, modes, v1_shapes_layouts,
       raise ValueError(f"No {kind} layouts {sorted(unknown)} for "
                        f"dimensions {dim_names}")
     cases = [case for case in cases if case[0] in layouts]
-  traced_cases = {case[0] for case in cases} & set(traced_mode_layouts)
-  if not traced_cases:
-    traced_cases = {case[0] for case in cases}
+  traced_cases = _chosen(cases, traced_mode_layouts)
+  simd_cases = _chosen(cases, simd_mode_layouts)
+
+  def runs(case_id, mode):
+    if mode == "simd" and mode in every_layout_modes:
+      return case_id in simd_cases
+    return mode in every_layout_modes or case_id in traced_cases
+
   params = [pytest.param(mesh, layout, mode, id=f"{case_id}-{mode}")
             for case_id, mesh, layout in cases for mode in modes
-            if mode in every_layout_modes or case_id in traced_cases]
+            if runs(case_id, mode)]
   if "graph" in modes and V1_SHAPES_MODE not in modes:
     params += [
         pytest.param(mesh, layout, V1_SHAPES_MODE,

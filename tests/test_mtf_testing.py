@@ -59,7 +59,7 @@ def test_unknown_objects_are_not_memoized_but_still_work():
 def test_layout_mode_params_keeps_only_the_named_layouts():
   ids = [p.id for p in mtf_testing.layout_mode_params(
       ["a", "b"], layouts=mtf_testing.slicewise_layout_ids(["a", "b"]),
-      every_layout_modes=mtf_testing.MODES)]
+      every_layout_modes=mtf_testing.MODES, simd_mode_layouts=None)]
   assert ids == [f"{case}-{mode}" for case in ("1proc", "all8_a", "2d")
                  for mode in mtf_testing.MODES] + ["2d-graph_v1_shapes"]
   with pytest.raises(ValueError, match="all8_c"):
@@ -67,13 +67,18 @@ def test_layout_mode_params_keeps_only_the_named_layouts():
 
 
 def test_layout_mode_params_traces_on_the_2d_layout_only():
-  """Every layout in eager and simd mode; every mode on the 2-D mesh."""
+  """Every layout eagerly; simd on both 2-D layouts; every mode on the 2-D
+  mesh."""
   ids = [p.id for p in mtf_testing.layout_mode_params(["a", "b"])]
   layouts = ("1proc", "all8_a", "all8_b", "2d", "2d_swapped")
   assert ids == [f"{case}-{mode}" for case in layouts
                  for mode in mtf_testing.MODES
-                 if case == "2d" or mode in ("eager", "simd")
+                 if case == "2d" or mode == "eager"
+                 or (mode == "simd" and case == "2d_swapped")
                  ] + ["2d-graph_v1_shapes"]
+  # One dimension: simd on its one 2-D layout.
+  ids = [p.id for p in mtf_testing.layout_mode_params(["a"])]
+  assert [i for i in ids if i.endswith("-simd")] == ["2d-simd"]
   # Without the 2-D layout among those chosen, every mode on each of them.
   ids = [p.id for p in mtf_testing.layout_mode_params(
       ["a", "b"], layouts=["all8_b"])]
@@ -147,7 +152,8 @@ def test_uneven_layout_mode_params_traces_on_b2m4_only():
   assert ids == [f"{case}-{mode}"
                  for case in ("all8_a", "all8_b", "b2m4", "b4m2")
                  for mode in mtf_testing.MODES
-                 if case == "b2m4" or mode in ("eager", "simd")
+                 if case == "b2m4" or mode == "eager"
+                 or (mode == "simd" and case == "b4m2")
                  ] + ["b2m4-graph_v1_shapes"]
   assert all(p.values[1].allow_uneven for p in params)
   ids = [p.id for p in mtf_testing.uneven_layout_mode_params(

@@ -36,10 +36,9 @@ def _params(simd_layouts):
   """uneven_layout_mode_params of (p, q), with s and v split alike, SIMD
   on `simd_layouts` only."""
   params = []
-  for param in mtf_testing.uneven_layout_mode_params(["p", "q"]):
+  for param in mtf_testing.uneven_layout_mode_params(
+      ["p", "q"], simd_mode_layouts=simd_layouts):
     mesh_shape, rules, mode = param.values
-    if mode == "simd" and not param.id.startswith(simd_layouts):
-      continue
     mesh_of = dict(rules.pairs)
     pairs = rules.pairs + [(new, mesh_of[old]) for new, old in _LIKE.items()
                            if old in mesh_of]

@@ -32,8 +32,8 @@ SIMD_LAYOUTS_EMPTY_PROCESSORS = ("all8_b", "b2m4")
 
 def _params(simd_layouts):
   """uneven_layout_mode_params of (b, n), SIMD on `simd_layouts` only."""
-  return [param for param in mtf_testing.uneven_layout_mode_params(["b", "n"])
-          if param.values[2] != "simd" or param.id.startswith(simd_layouts)]
+  return mtf_testing.uneven_layout_mode_params(
+      ["b", "n"], simd_mode_layouts=simd_layouts)
 
 
 PARAMS = _params(SIMD_LAYOUTS)
