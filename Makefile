@@ -35,7 +35,8 @@ $(T5_STAMP): $(STAMP) $(T5_CLIENT)
 # and summation orders. The whole suite runs in one setting (on by default:
 # the stricter one, and what most servers run) and these tests, which cover
 # the rank-limited kernels (and the padding of uneven splits, whose pad
-# and select kernels meet the same limits), 2-D local attention, a
+# and select kernels meet the same limits, as do slices, pads, pooling and
+# convolutions along split dimensions), 2-D local attention, a
 # pipelined binary run, the funnel's pooling (against NumPy, and its stack
 # on the 2-D layouts) and BERT (each config, tiny, mixture-of-experts and
 # relative-attention, on the 2-D layout, and against NumPy), in the
@@ -47,6 +48,10 @@ BOTH_SETTINGS_TESTS := \
 	tests/ops/test_high_rank.py \
 	tests/ops/test_rank_beyond_eight.py \
 	tests/ops/test_uneven_movement.py::test_rank_7_with_three_padded_dimensions \
+	"tests/ops/test_uneven_movement.py::test_slice_and_pad_along_a_split_dimension[all8_b-eager]" \
+	"tests/ops/test_uneven_movement.py::test_slice_and_pad_along_a_split_dimension[b2m4-simd]" \
+	"tests/ops/test_spatial_splits.py::test_pooling_and_convolution_along_split_spatial_dimensions[b2m4-eager]" \
+	"tests/ops/test_spatial_splits.py::test_pooling_and_convolution_along_split_spatial_dimensions[b2m4-simd]" \
 	tests/test_uneven_mechanism.py \
 	tests/test_local_attention_layers.py \
 	tests/transformer/test_funnel_transformer.py::test_pooling_matches_numpy \
