@@ -36,6 +36,7 @@ from mesh_tensorflow.ops import cost_rules
 from mesh_tensorflow.ops import elementwise
 from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import random_ops
+from mesh_tensorflow.ops import reshapes
 
 __all__ = [
     "TopKOperation",
@@ -119,8 +120,18 @@ class TopKOperation(graph_lib.Operation):
     if dy is None:
       return [None]
     x = self._inputs[0]
-    hits = indexing.one_hot(self._outputs[1], self._reduced_dim,
-                            dtype=dy.dtype)
+    indices = self._outputs[1]
+    if self._k_dim is not None:
+      # The one-hot below has both k_dim and reduced_dim, which a layout may
+      # split over one mesh dimension (no tensor of top_k has both): k_dim
+      # gets a name of its own, which layouts leave unsplit (the k entries
+      # are gathered).
+      unsplit = self._k_dim.name + "_top_k_grad"
+      while unsplit in x.shape.dimension_names:
+        unsplit += "_"
+      indices = reshapes.rename_dimension(indices, self._k_dim.name, unsplit)
+      dy = reshapes.rename_dimension(dy, self._k_dim.name, unsplit)
+    hits = indexing.one_hot(indices, self._reduced_dim, dtype=dy.dtype)
     return [contractions.einsum([hits, dy], output_shape=x.shape,
                                 name=self.name + "_grad")]
 

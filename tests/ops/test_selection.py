@@ -251,6 +251,17 @@ def test_top_k_with_split_reduced_and_k_dims(mesh_shape, layout, mode):
       mesh_shape, layout, mode)
 
 
+@pytest.mark.parametrize("mode", ["eager", "simd"])
+def test_top_k_gradient_with_reduced_and_k_dims_on_one_mesh_dimension(mode):
+  """A layout may split n and k over one mesh dimension (no tensor of top_k
+  has both); its gradient must not make one that does (it refused with a
+  LayoutError on its one-hot of [d, k, n])."""
+  mtf_testing.check_ops(
+      {"n7": _top_k_case(7, [3], 1), "n12": _top_k_case(12, [5], 4)},
+      "b:2;m:4", mtf.LayoutRules([("n", "m"), ("k", "m"), ("d", "b")],
+                                 allow_uneven=True), mode)
+
+
 def _top_k_collectives(mesh_shape, rules, n, k):
   """The collectives of top_k of x[d:3, n] along n (k_dim "k"), as
   counted, after checking them against the cost model's prediction."""
