@@ -471,7 +471,10 @@ def _operations(seed, num_ops=None):
 
 
 def dimension_names(seed, num_ops=None):
-  return _built(seed, num_ops)[1].dim_names
+  """The names of the program's dimensions, those that library functions
+  make inside it (nth_largest_element's "_top_k_", say) included."""
+  return _built(seed, num_ops)[1].dim_names | {
+      d.name for shape in _tensor_shapes(seed, num_ops) for d in shape.dims}
 
 
 def _tensor_shapes(seed, num_ops=None):
