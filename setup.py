@@ -3,7 +3,8 @@
 Packages are found, not listed, so none can be left out: everything under
 mesh_tensorflow/, and the top-level transformer/ folder installed as
 `mesh_tensorflow.transformer` (the repository keeps the original's layout).
-The Transformer's gin files ship as package data. The version is read from
+The Transformer's gin files, BERT's configurations and auto_mtf's machine
+files ship as package data. The version is read from
 mesh_tensorflow/version.py without importing the package.
 """
 
@@ -56,6 +57,9 @@ setuptools.setup(
         "mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"],
         # BERT's model configurations (base.json, large.json, moe.json, ...).
         "mesh_tensorflow.bert": ["config/*.json"],
+        # Machine constants of machines you may not have (tpu_v3_pod.json,
+        # gpu_8x_node.json), for planning (auto_mtf.machine.shipped_machine).
+        "mesh_tensorflow.auto_mtf": ["machines/*.json"],
     },
     install_requires=[
         "tensorflow>=2.16",

@@ -7,8 +7,9 @@ wheel into a scratch folder and, in interpreters that see only that folder
 and the virtual environment's third-party packages (`python -S`: no `.pth`
 file, so no editable finder; the working directory outside the repository),
 imports every library module that BUILD lists, finds every gin file through
-the package's own gin folder, runs the binary's --helpfull and runs the
-README's first example on a 2-processor mesh.
+the package's own gin folder, loads the shipped machine files, runs the
+binary's --helpfull and runs the README's first example on a 2-processor
+mesh.
 """
 
 import json
@@ -127,8 +128,15 @@ names = sorted(p.name for p in configs.glob("*.json"))
 assert len(names) == 14 and "base.json" in names, names
 for name in names:
   bert.BertConfig.from_json_file(str(configs / name))
+from mesh_tensorflow.auto_mtf import machine
+machines = machine.shipped_machine_names()
+assert machines == ["gpu_8x_node", "tpu_v3_pod"], machines
+assert pathlib.Path(machine.SHIPPED_MACHINES_DIR).resolve().is_relative_to(
+    scratch), machine.SHIPPED_MACHINES_DIR
+for name in machines:
+  machine.shipped_machine(name)
 print("version", mtf.__version__, "modules", len(modules), "gin",
-      len(gin_files), "bert configs", len(names))
+      len(gin_files), "bert configs", len(names), "machines", len(machines))
 """
 
 

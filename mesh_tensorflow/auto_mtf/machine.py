@@ -9,6 +9,9 @@ measures them on this machine (`calibrate`), caches the measurement on disk
 one is in tf.compat.v1 graph mode; `python -m
 mesh_tensorflow.auto_mtf.calibration` fills the cache from a shell) and
 accepts a user's own figures, e.g. a TPU pod's (`machine_constants`).
+Machines you may not have ship as JSON files in SHIPPED_MACHINES_DIR
+(`shipped_machine("tpu_v3_pod")`, `shipped_machine("gpu_8x_node")`), from
+public figures that each file's `source` names.
 
 Calibration times this project's own lowering: einsums and element-wise ops
 under tf.function on the mesh's devices, and each collective of the mesh
@@ -33,7 +36,14 @@ defaults are optional, `default_collective` is used for what is missing):
    "op_overhead_seconds": 2e-6, "concurrency": 256,
    "default_collective": {"latency_seconds": 1e-5,
                           "seconds_per_wire_byte": 1e-11},
-   "collectives": {"allreduce": {"x": [8e-6, 5e-12], "x,y": [1.5e-5, 5e-12]}}}
+   "collectives": {"allreduce": {"x": [8e-6, 5e-12], "x,y": [1.5e-5, 5e-12]}},
+   "memory_bytes_per_processor": 17179869184}
+
+A per-wire-byte cost is per wire byte summed over ALL processors (the
+counters' convention), so it depends on how many processors send at once:
+with B bytes per second leaving each of P processors, seconds_per_wire_byte
+= 1 / (P B). A file for one processor count needs its costs scaled by
+P / P' for another (the shipped files say which P they are for).
 """
 
 import collections
@@ -60,6 +70,9 @@ from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow.auto_mtf import calibration_subprocess
 
 COLLECTIVE_KINDS = mesh_impl_lib.COLLECTIVE_KINDS
+# The machine files shipped as package data (setup.py's package_data).
+SHIPPED_MACHINES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "machines")
 CalibrationError = calibration_subprocess.CalibrationError
 CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
@@ -126,6 +139,9 @@ class MachineConstants:
       second of one processor (a matmul packs its operands, far slower
       per byte than element-wise work streams them: on 2 CPU cores about
       4 GB/s against 35); 0 means the element-wise rate.
+    memory_bytes_per_processor: bytes of memory of one processor (its HBM),
+      0 if not given (calibration leaves it 0): a planner's default
+      per-processor memory budget.
   """
   flops_per_second: float
   elementwise_bytes_per_second: float
@@ -137,6 +153,7 @@ class MachineConstants:
   calibration_seconds: float = 0.0
   share_replicas: bool = False
   matmul_bytes_per_second: float = 0.0
+  memory_bytes_per_processor: float = 0.0
 
   def __post_init__(self):
     _check_number(self.flops_per_second, "flops_per_second")
@@ -149,6 +166,8 @@ class MachineConstants:
                   positive=False)
     _check_number(self.calibration_seconds, "calibration_seconds",
                   positive=False)
+    _check_number(self.memory_bytes_per_processor,
+                  "memory_bytes_per_processor", positive=False)
     object.__setattr__(self, "default_collective",
                        _to_link(self.default_collective, "default_collective"))
     object.__setattr__(self, "collectives",
@@ -253,6 +272,7 @@ class MachineConstants:
         "calibration_seconds": self.calibration_seconds,
         "share_replicas": self.share_replicas,
         "matmul_bytes_per_second": self.matmul_bytes_per_second,
+        "memory_bytes_per_processor": self.memory_bytes_per_processor,
     }
 
   @classmethod
@@ -291,7 +311,9 @@ def machine_constants(value):
 
   Args:
     value: a MachineConstants, a dict of its fields, a JSON string of that
-      dict, or the path of a JSON file holding it.
+      dict, the path of a JSON file holding it, or the name of a shipped
+      machine file ("tpu_v3_pod", see `shipped_machine`) where no file of
+      that path exists.
 
   Returns:
     a MachineConstants.
@@ -310,8 +332,11 @@ def machine_constants(value):
     if value.lstrip().startswith("{"):
       return MachineConstants.from_json(value)
     if not os.path.isfile(value):
+      if _shipped_path(value) is not None:
+        return shipped_machine(value)
       raise ValueError(f"machine_constants: {value!r} is neither JSON nor "
-                       "an existing file.")
+                       f"an existing file nor a shipped machine (one of "
+                       f"{shipped_machine_names()}).")
     with open(value) as f:
       text = f.read()
     try:
@@ -320,6 +345,57 @@ def machine_constants(value):
       raise ValueError(f"machine_constants: file {value!r}: {e}") from None
   raise TypeError(f"machine_constants: expected MachineConstants, dict, "
                   f"JSON string or path, got {type(value).__name__}.")
+
+
+def shipped_machine_names():
+  """Names of the machine files shipped in SHIPPED_MACHINES_DIR, e.g.
+  ["gpu_8x_node", "tpu_v3_pod"]."""
+  if not os.path.isdir(SHIPPED_MACHINES_DIR):
+    return []
+  return sorted(name[:-len(".json")]
+                for name in os.listdir(SHIPPED_MACHINES_DIR)
+                if name.endswith(".json"))
+
+
+def _shipped_path(name):
+  """The path of shipped machine `name` (with or without ".json"), or
+  None."""
+  base = os.path.basename(name)
+  if base != name:
+    return None
+  if base.endswith(".json"):
+    base = base[:-len(".json")]
+  if base not in shipped_machine_names():
+    return None
+  return os.path.join(SHIPPED_MACHINES_DIR, base + ".json")
+
+
+def shipped_machine(name):
+  """The MachineConstants of a machine file shipped with the package.
+
+  Args:
+    name: "tpu_v3_pod" (a TPU v3 pod, per core, per-wire-byte costs for a
+      512-core slice), "gpu_8x_node" (8 A100 GPUs joined by NVSwitch), with
+      or without ".json"; `shipped_machine_names()` lists them.
+
+  Returns:
+    a MachineConstants; its `source` says where each figure comes from.
+
+  Raises:
+    ValueError: no shipped machine has that name (the message lists them).
+  """
+  path = _shipped_path(name) if isinstance(name, str) else None
+  if path is None:
+    raise ValueError(f"shipped_machine: no machine file {name!r} ships with "
+                     f"mesh_tensorflow.auto_mtf; shipped: "
+                     f"{shipped_machine_names()} (in "
+                     f"{SHIPPED_MACHINES_DIR}).")
+  with open(path) as f:
+    text = f.read()
+  try:
+    return MachineConstants.from_json(text)
+  except ValueError as e:
+    raise ValueError(f"shipped_machine: file {path!r}: {e}") from None
 
 
 def _check_number(x, field, positive=True):

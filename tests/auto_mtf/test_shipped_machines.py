@@ -1,0 +1,83 @@
+"""The machine-constant files shipped in mesh_tensorflow/auto_mtf/machines/.
+
+Each loads through machine.machine_constants (by path and by name) and has
+the magnitudes of its hardware's public figures: a wrong unit (bits for
+bytes, per chip for per core, a lost exponent) moves a figure out of its
+range.
+"""
+
+import json
+import os
+
+import pytest
+
+from mesh_tensorflow.auto_mtf import machine
+
+GIB = 1 << 30
+
+# name: (flops per second, HBM bytes per second, memory bytes, processors
+# the per-wire-byte costs are for), each a (low, high) range.
+RANGES = {
+    "tpu_v3_pod": ((1e13, 1e15), (1e11, 1e12), (15 * GIB, 17 * GIB)),
+    "gpu_8x_node": ((1e14, 1e15), (1e12, 3e12), (35 * GIB, 41 * GIB)),
+}
+
+
+def test_every_shipped_file_is_listed():
+  assert sorted(machine.shipped_machine_names()) == sorted(RANGES)
+  files = sorted(os.listdir(machine.SHIPPED_MACHINES_DIR))
+  assert files == sorted(f"{name}.json" for name in RANGES)
+
+
+@pytest.mark.parametrize("name", sorted(RANGES))
+def test_shipped_machine_loads_with_sane_magnitudes(name):
+  path = os.path.join(machine.SHIPPED_MACHINES_DIR, f"{name}.json")
+  constants = machine.machine_constants(path)
+  assert machine.shipped_machine(name) == constants
+  assert machine.shipped_machine(f"{name}.json") == constants
+  # A bare name is a shipped file, as --machine=tpu_v3_pod would give it.
+  assert machine.machine_constants(name) == constants
+  flops, hbm, memory = RANGES[name]
+  assert flops[0] < constants.flops_per_second < flops[1]
+  assert hbm[0] < constants.elementwise_bytes_per_second < hbm[1]
+  assert memory[0] <= constants.memory_bytes_per_processor <= memory[1]
+  assert constants.concurrency >= 8
+  assert not constants.share_replicas
+  assert len(constants.source) > 200  # Says where every figure comes from.
+  # Every kind has its own default link; a collective of 1 GB over all
+  # processors takes between a microsecond and a second.
+  kinds = {kind for kind, dims, _ in constants.collectives
+           if dims == ("*",)}
+  assert kinds == set(machine.COLLECTIVE_KINDS)
+  for kind in machine.COLLECTIVE_KINDS:
+    seconds = constants.collective_seconds(kind, ("any",), 1e9)
+    assert 1e-6 < seconds < 1.0, (kind, seconds)
+  # The file holds exactly what to_dict writes back (no stray fields).
+  with open(path) as f:
+    assert machine.MachineConstants.from_dict(json.load(f)) == constants
+
+
+def test_tpu_allreduce_is_faster_per_byte_than_alltoall_and_shift():
+  tpu = machine.shipped_machine("tpu_v3_pod")
+  per_byte = {k: tpu.link(k, ("x",)).seconds_per_wire_byte
+              for k in machine.COLLECTIVE_KINDS}
+  assert per_byte["allreduce"] < per_byte["receive"] < per_byte["alltoall"]
+
+
+def test_memory_per_processor_round_trips_and_defaults_to_unknown():
+  tpu = machine.shipped_machine("tpu_v3_pod")
+  assert tpu.memory_bytes_per_processor == 16 * GIB
+  assert machine.MachineConstants.from_json(tpu.to_json()) == tpu
+  d = tpu.to_dict()
+  del d["memory_bytes_per_processor"]  # A file written before the field.
+  assert machine.MachineConstants.from_dict(d).memory_bytes_per_processor == 0
+  d["memory_bytes_per_processor"] = -1
+  with pytest.raises(ValueError, match="memory_bytes_per_processor"):
+    machine.MachineConstants.from_dict(d)
+
+
+def test_unknown_shipped_name_lists_the_shipped_ones():
+  with pytest.raises(ValueError, match="tpu_v3_pod"):
+    machine.shipped_machine("tpu_v9")
+  with pytest.raises(ValueError, match="gpu_8x_node"):
+    machine.machine_constants("tpu_v9")
