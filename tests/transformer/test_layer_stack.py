@@ -283,3 +283,63 @@ def test_make_layer_stack_specs_and_names():
   assert [l.name for l in flat.layers] == [
       "layer_000", "layer_001", "layer_002", "layer_003"]
   assert isinstance(flat, transformer.LayerStack)
+
+
+def _recompute_operations(graph):
+  """The CustomGradientOperations of mtf.recompute_grad in `graph`."""
+  return [op for op in graph.operations
+          if isinstance(op, mtf.CustomGradientOperation) and
+          op._grad_fn.__qualname__.startswith("recompute_grad.")]  # pylint: disable=protected-access
+
+
+def test_recompute_grads_of_listed_layers_only():
+  """recompute_grads=[0]: the first layer's activations are recomputed
+  (one recompute operation), the gradients are those without."""
+  plain = _run(lambda c, x: _stack(num_layers=3).call(c, x), wrt_x=True)
+  listed = _run(lambda c, x: _stack(num_layers=3, recompute_grads=[0]).call(
+      c, x), wrt_x=True)
+  assert set(plain) == set(listed)
+  for key in plain:
+    np.testing.assert_allclose(listed[key], plain[key], rtol=1e-5,
+                               atol=1e-5, err_msg=key)
+  for recompute, count in (([0], 1), ((0, 2), 2), ([], 0), (True, 3),
+                           (False, 0), (range(3), 3)):
+    y = _build_only(lambda c, x, r=recompute: _stack(
+        num_layers=3, recompute_grads=r).call(c, x))
+    assert len(_recompute_operations(y.graph)) == count, recompute
+
+
+@pytest.mark.parametrize("recompute,match", [
+    ([3], r"LayerStack.*index 3.*3 layers"),
+    ([0, -1], r"LayerStack.*index -1.*3 layers"),
+    (["0"], r"LayerStack.*index '0'.*3 layers"),
+    (2, r"LayerStack.*recompute_grads.*2"),
+])
+def test_recompute_grads_bad_indices(recompute, match):
+  with pytest.raises(ValueError, match=match):
+    _stack(num_layers=3, recompute_grads=recompute)
+
+
+def test_reversible_stack_recomputes_listed_layers():
+  per_layer = [transformer.sublayer_rms_norm, transformer.sublayer_call_layer]
+  plain = _stack(cls=transformer.ReversibleLayerStack,
+                 sublayers_per_layer=per_layer)
+  listed = _stack(cls=transformer.ReversibleLayerStack,
+                  sublayers_per_layer=per_layer, recompute_grads=[1])
+  want = _run(lambda c, x: plain.call(c, x), wrt_x=True)
+  got = _run(lambda c, x: listed.call(c, x), wrt_x=True)
+  np.testing.assert_allclose(got["d_x"], want["d_x"], rtol=1e-4, atol=1e-4)
+
+
+def test_pipelined_stack_recomputes_all_layers_or_none():
+  layers = _stack(num_layers=4).layers
+  with pytest.raises(ValueError, match=r"PipelinedLayerStack.*2 of the 4 "
+                     r"layers.*all its layers or none"):
+    transformer.PipelinedLayerStack(layers, num_stages=2,
+                                    recompute_grads=[0, 1])
+  every = transformer.PipelinedLayerStack(layers, num_stages=2,
+                                          recompute_grads=[3, 2, 1, 0])
+  assert every._recompute_grads is True  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match=r"PipelinedLayerStack.*index 4"):
+    transformer.PipelinedLayerStack(layers, num_stages=2,
+                                    recompute_grads=[4])

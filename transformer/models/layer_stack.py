@@ -15,11 +15,13 @@ variables (through `mtf.get_variable`) when called, so the same objects
 build the model in any TensorFlow mode and on any mesh.
 """
 
+import collections.abc
 import contextlib
 import json
 
 import gin
 import mesh_tensorflow as mtf
+import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.estimator import mode_keys
@@ -327,14 +329,19 @@ class LayerStack(SublayerRunner):
         are then the legacy ones, whose variables have old checkpoints'
         names ("layer_norm", "final_layer_norm").
       norm_epsilon: legacy mode (with dropout_rate): a float.
-      recompute_grads: whether each layer's activations are recomputed in
-        the backward pass (`mtf.recompute_grad`) instead of kept.
+      recompute_grads: which layers' activations are recomputed in the
+        backward pass (`mtf.recompute_grad`) instead of kept: True (every
+        layer), False (none) or a collection of layer indices, e.g.
+        `[0, 1]` (the first two; a run planner's per-layer choice).
 
     Raises:
-      ValueError: only one of dropout_rate and norm_epsilon is given.
+      ValueError: only one of dropout_rate and norm_epsilon is given, or
+        recompute_grads names no layer of the stack.
     """
     self._layers = layers
     self._recompute_grads = recompute_grads
+    self._recomputed = recomputed_layers(
+        recompute_grads, len(layers), stack_description(self))
     self._sublayers_initial = sublayers_initial
     self._sublayers_per_layer = sublayers_per_layer
     self._sublayers_final = sublayers_final
@@ -373,7 +380,7 @@ class LayerStack(SublayerRunner):
     append_layer_output(context, x)
     for lnum, layer in enumerate(self._layers):
       with layer_scope(layer):
-        if self._recompute_grads:
+        if lnum in self._recomputed:
           def fn(x, l=layer, c=context):
             return self._layer_fn(x, l, c)
           x = mtf.recompute_grad(fn, [x])
@@ -386,6 +393,44 @@ class LayerStack(SublayerRunner):
     x = sublayer_mask_padding(x, self, context)
     append_layer_output(context, x)
     return x
+
+
+def recomputed_layers(recompute_grads, num_layers, stack):
+  """The frozenset of layer indices a stack's `recompute_grads` names.
+
+  Args:
+    recompute_grads: True (every layer), False or None (none), or a
+      collection of indices in [0, num_layers).
+    num_layers: the stack's layer count.
+    stack: the stack's description, for errors (stack_description).
+
+  Raises:
+    ValueError: anything else, or an index out of range, naming it.
+  """
+  if recompute_grads is None or isinstance(recompute_grads, (bool, np.bool_)):
+    return frozenset(range(num_layers)) if recompute_grads else frozenset()
+  if isinstance(recompute_grads, (str, bytes)) or not isinstance(
+      recompute_grads, collections.abc.Iterable):
+    raise ValueError(
+        f"{stack}: recompute_grads must be True, False or a list of layer "
+        f"indices, got {recompute_grads!r}.")
+  indices = list(recompute_grads)
+  for index in indices:
+    if (not isinstance(index, (int, np.integer)) or
+        isinstance(index, (bool, np.bool_)) or
+        not 0 <= index < num_layers):
+      raise ValueError(
+          f"{stack}: recompute_grads names layer index {index!r}, but the "
+          f"stack has {num_layers} layers (indices 0 to {num_layers - 1}).")
+  return frozenset(int(i) for i in indices)
+
+
+def stack_description(stack):
+  """"<class> (gin scope '<scope>')" of a stack being constructed: the
+  scope (e.g. "encoder") tells the stacks of a model apart."""
+  scope = gin.current_scope_str()
+  name = type(stack).__name__
+  return f"{name} (gin scope {scope!r})" if scope else name
 
 
 def append_layer_output(context, x):
@@ -424,7 +469,7 @@ class ReversibleLayerStack(LayerStack):
         x1, x1_backwards, x2, x2_backwards = (
             mtf.layers.reversible_half_residual_and_swap(
                 x1, x1_backwards, x2, x2_backwards, fn,
-                recompute_grads=self._recompute_grads))
+                recompute_grads=lnum in self._recomputed))
       if lnum != len(self._layers) - 1:
         append_layer_output(context, x1 + x2)
       context.layer_index += 1

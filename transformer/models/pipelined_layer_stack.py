@@ -104,7 +104,8 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
       sublayers_initial, sublayers_per_layer, sublayers_final,
         dropout_rate, norm_epsilon: as for LayerStack.
       recompute_grads: recompute each stage's activations in the backward
-        pass instead of keeping them.
+        pass instead of keeping them: True or False (all layers or none;
+        a list of layer indices must name every layer).
       stage_dim_name: the name of the stage dimension (for layout rules).
       batch_weight_gradients: compute each weight's gradient with one einsum
         over all micro-batches (mtf.pipeline's option of that name): faster,
@@ -113,8 +114,9 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
 
     Raises:
       ValueError: the stage count does not divide the layers, the layers of
-        a stage differ from those of stage 0, or both recompute_grads and
-        batch_weight_gradients are set.
+        a stage differ from those of stage 0, recompute_grads lists some
+        layers only, or both recompute_grads and batch_weight_gradients
+        are set.
     """
     super().__init__(layers, sublayers_initial=sublayers_initial,
                      sublayers_per_layer=sublayers_per_layer,
@@ -122,6 +124,16 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
                      dropout_rate=dropout_rate, norm_epsilon=norm_epsilon,
                      recompute_grads=recompute_grads)
     num_layers = len(layers)
+    if 0 < len(self._recomputed) < num_layers:
+      raise ValueError(
+          f"{layer_stack_lib.stack_description(self)}: recompute_grads="
+          f"{recompute_grads!r} names {len(self._recomputed)} of the "
+          f"{num_layers} layers, but a pipelined stack recomputes all its "
+          "layers or none (each stage runs as one recomputed step); give "
+          "True or False, or use a LayerStack for per-layer recompute.")
+    # All or none: what mtf.pipeline takes.
+    recompute_grads = len(self._recomputed) == num_layers > 0
+    self._recompute_grads = recompute_grads
     if num_stages < 1 or num_layers % num_stages:
       raise ValueError(
           f"PipelinedLayerStack: num_stages={num_stages} does not divide the "
