@@ -68,7 +68,18 @@ OBJECTIVES = ("memory", "time")
 
 
 class SolverError(Exception):
-  """The solver found no layout, or none that meets the memory budget."""
+  """The solver found no layout, or none that meets the memory budget.
+
+  Attributes:
+    smallest_peak: for a budget no layout meets, the smallest peak bytes
+      per processor any layout reaches (else None).
+    smallest_layout: the layout string reaching it (else None).
+  """
+
+  def __init__(self, message, smallest_peak=None, smallest_layout=None):
+    super().__init__(message)
+    self.smallest_peak = smallest_peak
+    self.smallest_layout = smallest_layout
 
 
 class LayoutOptimizer(object):
@@ -84,7 +95,7 @@ class LayoutOptimizer(object):
   def __init__(self, memory_estimator, scheduler_alg="LIST",
                objective="memory", memory_budget=None, machine=None,
                max_search_seconds=60.0, shard_weight_update=False,
-               shard_parameters=False):
+               shard_parameters=False, fixed_rules=None, step_costs=None):
     """Sets up the integer program.
 
     Args:
@@ -101,9 +112,13 @@ class LayoutOptimizer(object):
         store it: the optimizer's slots sharded over the mesh dimensions a
         name containing "batch" is split over (ZeRO-1/2).
       shard_parameters: the variables too (ZeRO-3).
+      fixed_rules: optional {tensor-dimension name: mesh dimension name}
+        every layout must have (a pipeline's "stage" on the stage mesh
+        dimension, say).
 
     Raises:
-      ValueError: an unknown objective or a non-positive budget.
+      ValueError: an unknown objective or a non-positive budget, or a
+        fixed rule the graph and mesh do not allow.
       ImportError: OR-tools is not installed (pip install
         mesh-tensorflow-tf2[auto_mtf]).
     """
@@ -125,6 +140,7 @@ class LayoutOptimizer(object):
         self._shard_parameters)
     self._layout_validator = memory_estimator.get_layout_validator()
     self._uneven = self._layout_validator.allow_uneven
+    self._fixed_rules = self._checked_fixed_rules(fixed_rules or {})
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
     self._memory_contents = None
@@ -134,13 +150,27 @@ class LayoutOptimizer(object):
     self._preprocess_input()
     self._step_costs = None
     if objective == "time":
-      self._step_costs = _step_cost_table(
+      self._step_costs = step_costs or _step_cost_table(
           memory_estimator, self._layout_validator, machine,
           self._assignments_of)
       self._dimension_sets |= set(self._step_costs)
     self._initialize_variables()
     self._add_constraints()
     self._build_objective_function()
+
+  def _checked_fixed_rules(self, fixed_rules):
+    """The fixed rules, each an assignment the validator allows."""
+    fixed = dict(fixed_rules)
+    splittable = self._layout_validator.splittable_mtf_dimension_names
+    for name, mesh_dim in sorted(fixed.items()):
+      if (name not in splittable or
+          not self._layout_validator.is_valid_assignment(name, mesh_dim)):
+        raise ValueError(
+            f"fixed rule {name}:{mesh_dim} is not allowed on mesh "
+            f"{_mesh_string(self._layout_validator.mesh_dimension_name_to_size)}"
+            f": {name!r} is not a splittable dimension of the graph, or "
+            f"{mesh_dim!r} is not a mesh dimension that can split it.")
+    return fixed
 
   # ------------------------------------------------------------ the program
 
@@ -188,13 +218,17 @@ class LayoutOptimizer(object):
       options = {n: [m for m in self._mesh_sizes
                      if self._layout_validator.is_valid_assignment(n, m)]
                  for n in names}
+      for n in names:
+        if n in self._fixed_rules:
+          options[n] = [self._fixed_rules[n]]
 
       def extend(index, assignment):
         if index == len(names):
           found.append(dict(assignment))
           return
         name = names[index]
-        extend(index + 1, assignment)
+        if name not in self._fixed_rules:
+          extend(index + 1, assignment)
         taken = {assignment[d] for d in self._neighbours[name]
                  if d in assignment}
         for m in options[name]:
@@ -305,6 +339,8 @@ class LayoutOptimizer(object):
       for dimension_set in sorted(self.constraint_sets, key=sorted):
         if len(dimension_set) > 1:
           model.add(sum(x[(d, m)] for d in sorted(dimension_set)) <= 1)
+    for d, m in sorted(self._fixed_rules.items()):
+      model.add(x[(d, m)] == 1)
     for d in sorted(self._layout_validator.splittable_mtf_dimension_names):
       model.add(sum(x[(d, m)] for m in self._mesh_sizes) <= 1)
       for m in self._mesh_sizes:
@@ -425,13 +461,23 @@ class LayoutOptimizer(object):
         scale * self._cp_model.LinearExpr.weighted_sum(
             variables, coefficients) - splits)
 
+  @property
+  def step_costs(self):
+    """Objective "time": {dimension set: {assignment: seconds}}, the priced
+    operations (see the step_costs argument)."""
+    return self._step_costs
+
   def _get_memory_contents(self):
-    """The tensors in memory at each step of the schedule (computed once)."""
+    """The tensors in memory at each step of the schedule (computed once
+    per estimator: the schedule does not depend on the layout)."""
     if self._memory_contents is None:
-      schedule = scheduler.minimize_peak_memory(self._graph,
-                                                self._scheduler_alg)
-      self._memory_contents = (
-          self._graph.compute_memory_contents_under_schedule(schedule))
+      cache = self._estimator.__dict__.setdefault("_memory_contents_of", {})
+      if self._scheduler_alg not in cache:
+        schedule = scheduler.minimize_peak_memory(self._graph,
+                                                  self._scheduler_alg)
+        cache[self._scheduler_alg] = (
+            self._graph.compute_memory_contents_under_schedule(schedule))
+      self._memory_contents = cache[self._scheduler_alg]
     return self._memory_contents
 
   # ---------------------------------------------------------------- solving
@@ -485,14 +531,16 @@ class LayoutOptimizer(object):
                                 objective="memory",
                                 max_search_seconds=self._max_search_seconds,
                                 shard_weight_update=self._shard_weight_update,
-                                shard_parameters=self._shard_parameters)
+                                shard_parameters=self._shard_parameters,
+                                fixed_rules=self._fixed_rules)
     smallest_layout = unbounded.solve()
     smallest = unbounded.evaluate_layout(smallest_layout)
     return SolverError(
         f"no layout fits memory_budget={int(self._memory_budget)} bytes per "
         f"processor on mesh {_mesh_string(self._mesh_sizes)}; the smallest "
         f"peak is {int(smallest)} bytes (layout {smallest_layout!r}): raise "
-        f"the budget or use more processors.")
+        f"the budget or use more processors.",
+        smallest_peak=int(smallest), smallest_layout=smallest_layout)
 
   # ------------------------------------------------------------- evaluating
 

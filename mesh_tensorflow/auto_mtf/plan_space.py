@@ -105,6 +105,22 @@ class PlanModel(abc.ABC):
     del structure
     return {}
 
+  def plan_settings(self, structure, zero, mesh_shape, layout_rules):
+    """settings(structure) plus the mesh shape, layout rules and sharding
+    level: everything that runs a plan (keyword arguments by default; the
+    Transformer's model gives gin bindings)."""
+    shard_weight_update, shard_parameters = zero_flags(zero)
+    result = {"mesh_shape": mesh_shape, "layout_rules": layout_rules,
+              "shard_weight_update": shard_weight_update,
+              "shard_parameters": shard_parameters}
+    result.update(self.settings(structure))
+    return result
+
+  @property
+  def zero_levels(self):
+    """The sharding levels build() can make (ZERO_LEVELS by default)."""
+    return ZERO_LEVELS
+
   @property
   def stage_dimension_name(self):
     """The tensor dimension a pipelined graph stacks its stages along."""
@@ -112,8 +128,9 @@ class PlanModel(abc.ABC):
 
 
 class GraphModel(PlanModel):
-  """A fixed graph: the plan searches its mesh shape, layout and ZeRO
-  level only."""
+  """A fixed graph: the plan searches its mesh shape and layout only (a
+  graph built without sharding cannot be rebuilt with it; a PlanModel
+  can)."""
 
   def __init__(self, mtf_graph, mtf_outputs=()):
     self._graph = mtf_graph
@@ -122,6 +139,10 @@ class GraphModel(PlanModel):
   def structures(self, num_processors):
     del num_processors
     return [Structure()]
+
+  @property
+  def zero_levels(self):
+    return ("none",)
 
   def build(self, structure, zero="none", mesh_shape=None,
             layout_rules=None):

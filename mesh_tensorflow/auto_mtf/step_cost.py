@@ -20,15 +20,23 @@ from mesh_tensorflow.auto_mtf import cost_model
 def operation_seconds(cost, machine, num_processors):
   """Predicted seconds of one cost_model.OperationCost on `machine`, when
   `num_processors` processors compute distinct slices."""
-  seconds = machine.compute_seconds(cost.flops, cost.elementwise_bytes,
+  compute, collectives = operation_seconds_parts(cost, machine,
+                                                 num_processors)
+  return compute + collectives
+
+
+def operation_seconds_parts(cost, machine, num_processors):
+  """(compute seconds, collective seconds) of operation_seconds."""
+  compute = machine.compute_seconds(cost.flops, cost.elementwise_bytes,
                                     cost.num_ops, num_processors,
                                     cost.matmul_bytes)
+  collectives = 0.0
   for collective in cost.collectives:
     calls = max(int(collective.calls), 1)
-    seconds += calls * machine.collective_seconds(
+    collectives += calls * machine.collective_seconds(
         collective.kind, tuple(collective.mesh_dimension_names),
         collective.wire_bytes / calls)
-  return seconds
+  return compute, collectives
 
 
 def cost_table(estimator, validator, machine, assignments_of):
@@ -81,6 +89,15 @@ def cost_table(estimator, validator, machine, assignments_of):
       costs.append((assignment, seconds))
     table[dimension_set] = costs
   return table
+
+
+def computing_processors(operation, assignment, mesh_sizes, machine):
+  """How many processors compute distinct slices of `operation`: all of
+  them, or with a machine whose replicas share work (share_replicas), one
+  per distinct slice."""
+  if getattr(machine, "share_replicas", False):
+    return _distinct_slices(_own_names(operation), assignment, mesh_sizes)
+  return shape_lib.list_product(mesh_sizes.values())
 
 
 def _own_names(operation):

@@ -1,0 +1,200 @@
+"""Prices one laid-out training graph: step time and peak memory, by part.
+
+The layout search sums the same figures into one number per layout; a plan
+reports them broken down, on the graph it will run (built with its
+data-parallel sharding, whose shard dimensions "d_ff@batch" are split as
+their names say):
+
+- step time: compute, collectives and the pipeline's bubble, from the cost
+  rules beside each lowering (cost_model, the accounting of
+  `lowering.counters`) priced with a machine's constants;
+- peak bytes per processor, under the memory-minimizing schedule the search
+  uses: parameters, optimizer slots, gradients, activations and pipeline
+  buffers.
+"""
+
+import dataclasses
+
+from mesh_tensorflow import mesh_impl as mesh_impl_lib
+from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.auto_mtf import cost_model
+from mesh_tensorflow.auto_mtf import memory_estimator
+from mesh_tensorflow.auto_mtf import scheduler
+from mesh_tensorflow.auto_mtf import step_cost
+from mesh_tensorflow.strategies import pipelining
+
+MEMORY_PARTS = ("parameters", "optimizer_slots", "gradients", "activations",
+                "pipeline_buffers")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+  """Predicted seconds of one training step.
+
+  Attributes:
+    compute: the operations' arithmetic and memory traffic.
+    collectives: their communication.
+    bubble: the share of the pipelined stages' work done while stages
+      wait, (S - 1) / (M + S - 1) of it (0 without a pipeline).
+  """
+  compute: float
+  collectives: float
+  bubble: float = 0.0
+
+  @property
+  def total(self):
+    return self.compute + self.collectives + self.bubble
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakMemory:
+  """Predicted bytes per processor at the step's peak, by part.
+
+  Attributes:
+    parameters: the trainable variables' slices.
+    optimizer_slots: the other variables (the optimizer's slots).
+    gradients: weight gradients alive at the peak (no batch dimension).
+    activations: the other tensors of the forward and backward passes.
+    pipeline_buffers: the buffers a pipeline hands from stage to stage.
+  """
+  parameters: int
+  optimizer_slots: int
+  gradients: int
+  activations: int
+  pipeline_buffers: int = 0
+
+  @property
+  def total(self):
+    return sum(getattr(self, part) for part in MEMORY_PARTS)
+
+  def as_dict(self):
+    return {part: getattr(self, part) for part in MEMORY_PARTS}
+
+
+def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None):
+  """(StepTime or None, PeakMemory) of a graph under a layout.
+
+  Args:
+    mtf_graph: the training step's mtf.Graph (not lowered).
+    mtf_outputs: its outputs (kept to the end of the step).
+    mesh_shape: an mtf.Shape or spec.
+    layout_rules: mtf.LayoutRules or spec (shard names need none).
+    machine: a machine.MachineConstants; None prices memory only.
+  """
+  mesh_shape = shape_lib.convert_to_shape(mesh_shape)
+  layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
+  time = None
+  if machine is not None:
+    time = step_time(mtf_graph, mesh_shape, layout_rules, machine)
+  return time, peak_memory(mtf_graph, mtf_outputs, mesh_shape,
+                           layout_rules)
+
+
+def step_time(mtf_graph, mesh_shape, layout_rules, machine):
+  """The StepTime of every operation of the graph under the layout."""
+  mesh_sizes = {d.name: d.size for d in mesh_shape.dims}
+  assignment = {name: mesh_dim for name, mesh_dim in layout_rules
+                if mesh_dim in mesh_sizes}
+  pricer = cost_model.Pricer(mtf_graph, assignment, mesh_sizes,
+                             layout_rules.allow_uneven)
+  stages = _pipeline_stages(mtf_graph)
+  compute = collectives = bubble = 0.0
+  for operation in cost_model.all_operations(mtf_graph):
+    processors = step_cost.computing_processors(operation, assignment,
+                                                mesh_sizes, machine)
+    op_compute, op_collectives = step_cost.operation_seconds_parts(
+        pricer.cost(operation), machine, processors)
+    idle = stages.idle_fraction(operation)
+    bubble += idle * (op_compute + op_collectives)
+    compute += (1 - idle) * op_compute
+    collectives += (1 - idle) * op_collectives
+  return StepTime(compute=compute, collectives=collectives, bubble=bubble)
+
+
+def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules):
+  """The PeakMemory of the graph's memory-minimizing schedule (the layout
+  search's) under the layout."""
+  estimator = memory_estimator.MemoryEstimator(
+      mtf_graph, mesh_shape, mtf_outputs, layout_rules.allow_uneven)
+  graph = estimator.get_graph_interface()
+  schedule = scheduler.minimize_peak_memory(graph, "LIST")
+  impl = mesh_impl_lib.MeshImpl(mesh_shape, layout_rules)
+  part_of = _memory_parts(mtf_graph)
+  sizes = {}
+  for name in graph.get_all_tensor_names():
+    if graph.is_tensor_on_canonical_device(name):
+      sizes[name] = _slice_bytes(impl, part_of.tensors[name])
+  best = None
+  for contents in graph.compute_memory_contents_under_schedule(schedule):
+    total = sum(sizes.get(t, 0) for t in contents)
+    if best is None or total > best[0]:
+      best = (total, contents)
+  parts = dict.fromkeys(MEMORY_PARTS, 0)
+  for t in (best[1] if best else ()):
+    parts[part_of.part(t)] += sizes.get(t, 0)
+  return PeakMemory(**parts)
+
+
+def _slice_bytes(impl, tensor):
+  return impl.slice_size(tensor.shape) * tensor.dtype.size
+
+
+class _MemoryParts:
+  """Which part of PeakMemory each tensor of a graph counts in."""
+
+  def __init__(self, mtf_graph):
+    self.tensors = {}
+    for op in mtf_graph.operations:
+      for t in op.outputs:
+        self.tensors[t.name] = t
+    trainable = {v.outputs[0].name for v in mtf_graph.trainable_variables}
+    self._variables = {v.outputs[0].name: (
+        "parameters" if v.outputs[0].name in trainable else
+        "optimizer_slots") for v in mtf_graph.all_variables}
+    self._buffers = {
+        t.name for op in mtf_graph.operations
+        if isinstance(op, pipelining.PipelineIterationOperation)
+        for t in op.outputs}
+
+  def part(self, name):
+    found = self._variables.get(name)
+    if found:
+      return found
+    if name in self._buffers:
+      return "pipeline_buffers"
+    tensor = self.tensors[name]
+    if ("/gradients" in tensor.operation.name and
+        not any("batch" in n for n in tensor.shape.dimension_names)):
+      return "gradients"
+    return "activations"
+
+
+def _memory_parts(mtf_graph):
+  return _MemoryParts(mtf_graph)
+
+
+class _PipelineStages:
+  """The operations of a graph's pipelines that run once per iteration on
+  a stage's micro-batch: a (S - 1) / (M + S - 1) share of their work is
+  the bubble."""
+
+  def __init__(self, mtf_graph):
+    self._fraction = {}  # {stage dimension name: idle fraction}
+    for info in pipelining.pipeline_infos(mtf_graph):
+      s = info.stage_dim.size
+      self._fraction[info.stage_dim.name] = (s - 1) / info.num_iterations
+
+  def idle_fraction(self, operation):
+    if not self._fraction:
+      return 0.0
+    for t in operation.outputs:
+      names = t.shape.dimension_names
+      if any("batch" in n for n in names):
+        for name in names:
+          if name in self._fraction:
+            return self._fraction[name]
+    return 0.0
+
+
+def _pipeline_stages(mtf_graph):
+  return _PipelineStages(mtf_graph)
