@@ -370,6 +370,22 @@ def _shipped_path(name):
   return os.path.join(SHIPPED_MACHINES_DIR, base + ".json")
 
 
+def shipped_machine_path(name):
+  """The path of the machine file shipped as `name` ("tpu_v3_pod", with or
+  without ".json").
+
+  Raises:
+    ValueError: no shipped machine has that name (the message lists them).
+  """
+  path = _shipped_path(name) if isinstance(name, str) else None
+  if path is None:
+    raise ValueError(f"shipped_machine: no machine file {name!r} ships with "
+                     f"mesh_tensorflow.auto_mtf; shipped: "
+                     f"{shipped_machine_names()} (in "
+                     f"{SHIPPED_MACHINES_DIR}).")
+  return path
+
+
 def shipped_machine(name):
   """The MachineConstants of a machine file shipped with the package.
 
@@ -384,12 +400,7 @@ def shipped_machine(name):
   Raises:
     ValueError: no shipped machine has that name (the message lists them).
   """
-  path = _shipped_path(name) if isinstance(name, str) else None
-  if path is None:
-    raise ValueError(f"shipped_machine: no machine file {name!r} ships with "
-                     f"mesh_tensorflow.auto_mtf; shipped: "
-                     f"{shipped_machine_names()} (in "
-                     f"{SHIPPED_MACHINES_DIR}).")
+  path = shipped_machine_path(name)
   with open(path) as f:
     text = f.read()
   try:

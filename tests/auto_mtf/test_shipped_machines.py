@@ -34,6 +34,7 @@ def test_shipped_machine_loads_with_sane_magnitudes(name):
   path = os.path.join(machine.SHIPPED_MACHINES_DIR, f"{name}.json")
   constants = machine.machine_constants(path)
   assert machine.shipped_machine(name) == constants
+  assert machine.shipped_machine_path(name) == path
   assert machine.shipped_machine(f"{name}.json") == constants
   # A bare name is a shipped file, as --machine=tpu_v3_pod would give it.
   assert machine.machine_constants(name) == constants
@@ -79,5 +80,7 @@ def test_memory_per_processor_round_trips_and_defaults_to_unknown():
 def test_unknown_shipped_name_lists_the_shipped_ones():
   with pytest.raises(ValueError, match="tpu_v3_pod"):
     machine.shipped_machine("tpu_v9")
+  with pytest.raises(ValueError, match="tpu_v3_pod"):
+    machine.shipped_machine_path("../machines/tpu_v3_pod")
   with pytest.raises(ValueError, match="gpu_8x_node"):
     machine.machine_constants("tpu_v9")
