@@ -146,7 +146,6 @@ class LayoutOptimizer(object):
     self._memory_contents = None
     self._divisors_of = {}
     self._sharded_bytes_of = {}
-    self._model = self._cp_model.CpModel()
     self._preprocess_input()
     self._step_costs = None
     if objective == "time":
@@ -154,9 +153,7 @@ class LayoutOptimizer(object):
           memory_estimator, self._layout_validator, machine,
           self._assignments_of)
       self._dimension_sets |= set(self._step_costs)
-    self._initialize_variables()
-    self._add_constraints()
-    self._build_objective_function()
+    self._model = None  # The program, built on the first solve().
 
   def _checked_fixed_rules(self, fixed_rules):
     """The fixed rules, each an assignment the validator allows."""
@@ -178,14 +175,19 @@ class LayoutOptimizer(object):
     """Dimension sets of operations and tensors, and their assignments."""
     splittable = self._layout_validator.splittable_mtf_dimension_names
     graph = self._graph
-    self._operation_dimension_set = {
-        name: frozenset(
-            graph.get_operation_mtf_dimension_names(name) & splittable)
-        for name in graph.get_all_operation_names()}
-    self._tensor_dimension_set = {
-        name: frozenset(
-            set(graph.get_tensor_mtf_dimension_names(name)) & splittable)
-        for name in graph.get_all_tensor_names()}
+    # The same for every optimizer of one estimator: made once.
+    cache = self._estimator.__dict__.setdefault("_dimension_sets_of", {})
+    if not cache:
+      cache["operations"] = {
+          name: frozenset(
+              graph.get_operation_mtf_dimension_names(name) & splittable)
+          for name in graph.get_all_operation_names()}
+      cache["tensors"] = {
+          name: frozenset(
+              set(graph.get_tensor_mtf_dimension_names(name)) & splittable)
+          for name in graph.get_all_tensor_names()}
+    self._operation_dimension_set = cache["operations"]
+    self._tensor_dimension_set = dict(cache["tensors"])
     self.constraint_sets = self._interacting_sets()
     self._sharded_tensors = self._find_sharded_tensors(splittable)
     self._operation_dimension_sets = set(
@@ -493,6 +495,11 @@ class LayoutOptimizer(object):
         the solver's layout fails validation.
     """
     cp_model = self._cp_model
+    if self._model is None:
+      self._model = cp_model.CpModel()
+      self._initialize_variables()
+      self._add_constraints()
+      self._build_objective_function()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = self._max_search_seconds
     solver.parameters.num_workers = 1  # deterministic among equal optima

@@ -334,9 +334,16 @@ class _Search:
       return
     self.solved += 1
     bound = free.evaluate_step_seconds(free_layout)
-    for zero in self._zero_levels:
+    # Most sharded first: where it has no layout within the budget, the
+    # levels storing more have none either.
+    too_big = False
+    for zero in sorted(self._zero_levels, key=plan_space.ZERO_LEVELS.index,
+                       reverse=True):
       candidate = _Candidate(structure, mesh_shape, zero, machine=constants)
-      self.candidates.append(candidate)
+      if too_big:
+        candidate.smallest_peak = None
+        self.candidates.append(candidate)
+        continue
       weight_update, parameters = plan_space.zero_flags(zero)
       optimizer = layout_optimizer.LayoutOptimizer(
           estimator, objective="time", memory_budget=self._budget,
@@ -349,6 +356,7 @@ class _Search:
         continue
       if self._best is not None and bound >= self._best:
         self.pruned += 1
+        self.candidates.append(candidate)
         continue
       try:
         layout = optimizer.solve()
@@ -356,12 +364,20 @@ class _Search:
         candidate.smallest_peak = e.smallest_peak
         candidate.smallest_layout = e.smallest_layout
         self.solved += 2  # The budgeted program and the smallest peak's.
+        self.candidates.append(candidate)
+        too_big = True
         continue
       self.solved += 1
       self._accept(candidate, layout, optimizer.evaluate_step_seconds(layout),
                    optimizer.evaluate_peak_memory(layout))
 
   def _accept(self, candidate, layout, seconds, peak):
+    """Keeps a fitting candidate, unless its sharding level changes nothing
+    (no mesh dimension splits the batch: the same as level "none")."""
+    if candidate.zero != "none" and not any(
+        "batch" in rule.split(":")[0] for rule in layout.split(";") if rule):
+      return
+    self.candidates.append(candidate)
     candidate.layout = layout
     candidate.search_seconds = seconds
     candidate.peak = int(peak)
