@@ -174,19 +174,56 @@ def peak_live_bytes(tf_graph, outputs, control_outputs=()):
     outputs: tf.Tensors that stay alive to the end (the step's results).
     control_outputs: ops that run too (a FuncGraph's stateful ops).
   """
+  profile = live_bytes_profile(tf_graph, outputs, control_outputs)
+  return {schedule: groups[None]["peak"] if groups else 0
+          for schedule, groups in profile.items()}
+
+
+def device_index(op):
+  """The device number of `op` (its tf.device's index, 0 for "/cpu:0"),
+  or None where it has no device: a group_of for live_bytes_profile."""
+  if not op.device:
+    return None
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  index = tf.DeviceSpec.from_string(op.device).device_index
+  return 0 if index is None else index
+
+
+def live_bytes_profile(tf_graph, outputs, control_outputs=(), group_of=None,
+                       category_of=None):
+  """The peak live bytes of each group of buffers, in either schedule.
+
+  Counted as in `peak_live_bytes` (which is the one-group case), with each
+  buffer counted in the group and category of the op that allocates it:
+  e.g. per device (group_of=device_index, the peak of one processor's
+  memory while the whole step runs in that order), split by what the
+  buffers hold.
+
+  Args:
+    tf_graph, outputs, control_outputs: as in `peak_live_bytes`.
+    group_of: fn(tf op) -> hashable group (default: None, one group).
+    category_of: fn(tf op) -> category name (default: "live").
+
+  Returns:
+    {"asap" | "alap": {group: {"peak": bytes, "at_peak": {category:
+    bytes alive at that group's peak}}}}, groups with no buffers left out.
+  """
+  group_of = group_of or (lambda op: None)
+  category_of = category_of or (lambda op: "live")
   ops = _needed(tf_graph, outputs, control_outputs)
   index = {op.name: i for i, op in enumerate(ops)}
   predecessors = {
       op.name: sorted({t.op.name for t in op.inputs} |
                       {c.name for c in op.control_inputs}, key=index.get)
       for op in ops}
-  buffer_of, size = {}, {}  # By tensor name.
+  buffer_of, size, owner = {}, {}, {}  # By tensor name.
   for op in ops:
     for t in op.outputs:
       if op.type in _ALIASING and op.inputs:
         buffer_of[t.name] = buffer_of[op.inputs[0].name]
         continue
       buffer_of[t.name] = t.name
+      owner[t.name] = (group_of(op), category_of(op))
       allocated = (op.type not in _NOT_ALLOCATED and
                    t.dtype.name not in ("resource", "variant"))
       if allocated and not t.shape.is_fully_defined():
@@ -199,24 +236,37 @@ def peak_live_bytes(tf_graph, outputs, control_outputs=()):
       users.setdefault(buffer_of[t.name], set()).add(op.name)
   kept = {buffer_of[t.name] for t in outputs}
   names = [op.name for op in ops]
+  groups = {g for g, _ in owner.values()}
   result = {}
   for schedule, level in zip(("asap", "alap"),
                              _schedule_levels(names, predecessors)):
     pending = {b: set(u) for b, u in users.items()}
     remaining = dict(size)
-    live = peak = 0
+    live = {g: {} for g in groups}
+    total = dict.fromkeys(groups, 0)
+    peak = {g: {"peak": 0, "at_peak": {}} for g in groups}
     for op in sorted(ops, key=lambda o, level=level: (level[o.name],
                                                        index[o.name])):
+      touched = set()
       for t in op.outputs:
-        if buffer_of[t.name] == t.name:
-          live += remaining[t.name]
-      peak = max(peak, live)
+        if buffer_of[t.name] == t.name and remaining[t.name]:
+          group, category = owner[t.name]
+          live[group][category] = (live[group].get(category, 0) +
+                                   remaining[t.name])
+          total[group] += remaining[t.name]
+          touched.add(group)
+      for group in touched:
+        if total[group] > peak[group]["peak"]:
+          peak[group] = {"peak": total[group],
+                         "at_peak": dict(live[group])}
       for b in {buffer_of[t.name] for t in op.inputs}:
         pending[b].discard(op.name)
-        if not pending[b] and b not in kept:
-          live -= remaining[b]
+        if not pending[b] and b not in kept and remaining[b]:
+          group, category = owner[b]
+          live[group][category] -= remaining[b]
+          total[group] -= remaining[b]
           remaining[b] = 0
-    result[schedule] = peak
+    result[schedule] = {g: p for g, p in peak.items() if p["peak"]}
   return result
 
 
