@@ -318,7 +318,7 @@ class _Search:
 
   def _add_mesh_shape(self, structure, graph, outputs, mesh_shape):
     constants = api._machine_for(self._machine, mesh_shape, "time",  # pylint: disable=protected-access
-                                 self._quick)
+                                 self._quick).for_processors(self._n)
     estimator = memory_estimator.MemoryEstimator(graph, mesh_shape, outputs,
                                                  self._uneven)
     fixed = {}
