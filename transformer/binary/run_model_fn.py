@@ -235,14 +235,24 @@ def tpu_estimator_model_fn(model_type,
                              num_microbatches, learning_rate_schedule,
                              optimizer, filter_fn)
 
-  def training_graph(features):
+  def training_graph(features, mesh_shape=None, layout_rules=None,
+                     shard_weight_update=False, shard_parameters=False):
     """(mtf.Graph, loss) of one training step on TF `features`, not lowered:
     the graph training builds (model, loss, gradients, optimizer updates),
-    in one microbatch and without the sharding options, for the layout
-    search (run_auto_layout). Call inside a tf.Graph that has a global
-    step."""
+    in one microbatch, for the layout search (run_auto_layout) and the run
+    planner (transformer.plan_model). Call inside a tf.Graph that has a
+    global step. Without sharding (the default) the graph does not depend
+    on the layout; with shard_weight_update or shard_parameters the mesh is
+    sharded for data parallelism first (mtf.shard_data_parallel with
+    mesh_shape and layout_rules), as model_fn shards it."""
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "my_mesh")
+    if shard_weight_update or shard_parameters:
+      mtf.shard_data_parallel(
+          mesh, mtf.convert_to_shape(mesh_shape),
+          mtf.convert_to_layout_rules(layout_rules),
+          shard_weight_update=shard_weight_update,
+          shard_parameters=shard_parameters)
     mtf_features, batch_dim = model_features(mesh, features, ModeKeys.TRAIN)
     return graph, train_step(graph, mtf_features, batch_dim, 1)
 

@@ -262,6 +262,20 @@ class PipelinedLayerStack(layer_stack_lib.LayerStack):
         return self._layer_fn(x, layer, context)
 
 
+def repeat_period(layers):
+  """The fewest layers p whose kinds repeat through `layers` (layer i is
+  like layer i % p, as _difference compares them): a PipelinedLayerStack
+  of these layers takes the stage counts S with len(layers) / S a multiple
+  of p."""
+  num_layers = len(layers)
+  for period in range(1, num_layers + 1):
+    if num_layers % period == 0 and all(
+        _difference(layers[i % period], layers[i]) is None
+        for i in range(period, num_layers)):
+      return period
+  return max(num_layers, 1)
+
+
 def _rename_scope(full_name, old, new):
   """`full_name` with its scope component(s) `old` replaced by `new`."""
   parts = full_name.split("/")

@@ -1,0 +1,409 @@
+"""TransformerPlanModel: the Transformer binary's models, for the run planner.
+
+The planner (mtf.auto_mtf.plan) builds the training step's graph of each
+structure a model allows (mtf.auto_mtf.plan_space). For the binary's
+encoder-decoder ("bitransformer") and decoder-only ("lm", "delimited_lm",
+"aligned") models this module builds it exactly as the binary trains it:
+run_model_fn's `training_graph`, the model built from the run's gin
+configuration plus the structure's bindings (`settings`):
+
+  stages S > 1   every layer stack a PipelinedLayerStack of S stages and M
+                 micro-batches, recomputing all its layers (recompute_layers
+                 = the layer count) or none;
+  S = 1          a LayerStack recomputing its first k layers
+                 (LayerStack.recompute_grads = [0, ..., k - 1]).
+
+A stack's "layers" are its LayerStack's: a block of self-attention and a
+feed-forward layer is two. `recompute_layers` counts up to the longest
+stack's layers; a shorter stack (an encoder without encoder-decoder
+attention) recomputes min(k, its layers). Bindings are per stack, in the
+gin scope the binary builds it in ("encoder/", "decoder/"; none for a
+single stack).
+
+The model keeps its own gin configuration (binary/gin_state): the caller's
+at construction, or parsed from files (`from_gin`, for planning a machine
+you do not have: no devices and no TF variables, only the mtf graph). Each
+build installs it with the structure's bindings and puts the caller's
+back, so nothing leaks into the run's configuration or its operative
+config.
+"""
+
+import contextlib
+import gc
+import inspect
+
+import tensorflow as tf
+
+from mesh_tensorflow.auto_mtf import plan_space
+from mesh_tensorflow.transformer.binary import gin_state as gin_state_lib
+from mesh_tensorflow.transformer.binary import run_auto_layout
+from mesh_tensorflow.transformer.binary import run_model_fn
+from mesh_tensorflow.transformer.binary import run_settings
+from mesh_tensorflow.transformer.models import layer_stack as layer_stack_lib
+from mesh_tensorflow.transformer.models import pipelined_layer_stack
+
+# The gin scopes the binary builds each model type's layer stacks in.
+STACK_SCOPES = {"bitransformer": ("encoder", "decoder"), "lm": ("",),
+                "delimited_lm": ("",), "aligned": ("",)}
+_STACK_CLS = "transformer.make_layer_stack.layer_stack_cls"
+_PIPELINED = "transformer.PipelinedLayerStack"
+_PLAIN = "transformer.LayerStack"
+
+
+class _SizedVocabulary:
+  """A vocabulary known by its size only (planning without its files)."""
+
+  def __init__(self, vocab_size):
+    self.vocab_size = vocab_size
+
+
+class _Stack:
+  """What the planner needs of one layer stack: its gin scope, layer
+  count, repeat period (for stage counts) and class."""
+
+  def __init__(self, scope, stack):
+    self.scope = scope
+    self.num_layers = len(stack.layers)
+    self.period = pipelined_layer_stack.repeat_period(stack.layers)
+    self.cls = type(stack)
+
+  @property
+  def prefix(self):
+    return f"{self.scope}/" if self.scope else ""
+
+  def takes_stages(self, stages):
+    return (self.num_layers % stages == 0 and
+            (self.num_layers // stages) % self.period == 0)
+
+
+class TransformerPlanModel(plan_space.PlanModel):
+  """The binary's Transformer in every structure the planner searches."""
+
+  def __init__(self, model_type, batch_size, sequence_length, vocabulary,
+               optimizer, learning_rate_schedule=0.01, train_dataset_fn=None,
+               ensemble_inputs=None, autostack=True, variable_filter=None,
+               gin_state=None):
+    """A plan model of the binary's settings (utils.run's names).
+
+    Args:
+      model_type: "bitransformer", "lm", "delimited_lm" or "aligned".
+      batch_size: sequences per batch (an int).
+      sequence_length: an int or a dict feature -> length.
+      vocabulary: a Vocabulary, an (inputs, targets) pair of them, or an
+        int (the size; also in a pair).
+      optimizer: an mtf.optimize.Optimizer class (utils.run.optimizer).
+      learning_rate_schedule: a float or a function of `step` (bound).
+      train_dataset_fn: optional; the features are those of its examples
+        (else those the model type needs).
+      ensemble_inputs, autostack, variable_filter: as utils.run's.
+      gin_state: a binary.gin_state.GinState the model is built under
+        (default: gin's configuration now).
+
+    Raises:
+      ValueError: a model type or batch size the planner does not take.
+    """
+    if model_type not in STACK_SCOPES:
+      raise ValueError(
+          f"TransformerPlanModel: model_type {model_type!r} is not planned; "
+          f"expected one of {', '.join(STACK_SCOPES)}.")
+    if not isinstance(batch_size, int) or batch_size < 1:
+      raise ValueError(
+          f"TransformerPlanModel: batch_size must be a number of sequences "
+          f"(an int >= 1), got {batch_size!r}.")
+    if optimizer is None:
+      raise ValueError("TransformerPlanModel: the training graph needs an "
+                       "optimizer (utils.run.optimizer).")
+    if isinstance(sequence_length, int):
+      sequence_length = {"inputs": sequence_length,
+                         "targets": sequence_length}
+    self.model_type = model_type
+    self.batch_size = batch_size
+    self.sequence_length = dict(sequence_length)
+    self._vocabulary = _sized(vocabulary)
+    self._optimizer = optimizer
+    self._learning_rate_schedule = learning_rate_schedule
+    self._ensemble_inputs = ensemble_inputs
+    self._autostack = autostack
+    self._variable_filter = variable_filter
+    self._gin = gin_state or gin_state_lib.GinState.capture()
+    with self._gin.installed():
+      stacks = _layer_stacks(self._build_model(), model_type)
+      with tf.Graph().as_default():
+        features = run_auto_layout.training_features(
+            model_type, batch_size, self.sequence_length, ensemble_inputs,
+            train_dataset_fn, vocabulary)
+    self._feature_shapes = {k: v.shape.as_list() for k, v in features.items()}
+    self._stacks = [_Stack(scope, stack) for scope, stack in
+                    zip(STACK_SCOPES[model_type], stacks)]
+    outer = self._gin.query(
+        "utils.tpu_estimator_model_fn.outer_batch_size", 1) or 1
+    # The dimension the pipeline cuts into micro-batches.
+    self.pipeline_batch = batch_size // outer
+
+  @classmethod
+  def from_run_arguments(cls, arguments, batch_size=None,
+                         sequence_length=None, gin_state=None):
+    """The plan model of utils.run's arguments (a dict name -> value, as
+    run_resolution.resolve takes them); batch_size and sequence_length
+    default to theirs (a batch size that does not depend on the layout)."""
+    # pylint: disable=g-import-not-at-top
+    # On use: run_resolution may plan with this module.
+    from mesh_tensorflow.transformer.binary import run_resolution
+    # pylint: enable=g-import-not-at-top
+    a = arguments
+    if sequence_length is None:
+      sequence_length = a["sequence_length"]
+    if isinstance(sequence_length, int):
+      sequence_length = {"inputs": sequence_length,
+                         "targets": sequence_length}
+    gin_state = gin_state or gin_state_lib.GinState.capture()
+    with gin_state.installed():  # Steps and batch may be gin functions.
+      if batch_size is None:
+        batch_size = _fixed_batch_size(sequence_length, a["batch_size"])
+      train_steps = a["train_steps"]
+      if not isinstance(train_steps, int):
+        train_steps = train_steps(batch_size, sequence_length)
+    return cls(
+        model_type=a["model_type"], batch_size=batch_size,
+        sequence_length=sequence_length, vocabulary=a["vocabulary"],
+        optimizer=a["optimizer"],
+        learning_rate_schedule=run_resolution.bind_learning_rate_schedule(
+            a["learning_rate_schedule"], a["total_run_steps"] or train_steps),
+        train_dataset_fn=a.get("train_dataset_fn"),
+        ensemble_inputs=a.get("ensemble_inputs"),
+        autostack=a.get("autostack", True),
+        variable_filter=a.get("variable_filter"), gin_state=gin_state)
+
+  @classmethod
+  def from_gin(cls, gin_files, gin_params=(), batch_size=None,
+               sequence_length=None, vocab_size=None):
+    """The plan model of gin files and bindings, as the binary would parse
+    them (defaults.gin first; files looked up as given, then among the
+    shipped ones), without devices, data or TF variables: the features are
+    those the model type needs, and the vocabulary is utils.run's if it
+    can be built, else `vocab_size` or the gin macro `vocab_size`.
+
+    Gin's own configuration is left as it was.
+
+    Args:
+      gin_files: gin file names or paths.
+      gin_params: gin binding lines.
+      batch_size: sequences per batch (default utils.run.batch_size, if it
+        does not depend on the layout).
+      sequence_length: an int or a dict (default utils.run's).
+      vocab_size: the vocabulary's size, in place of utils.run.vocabulary.
+    """
+    # pylint: disable=g-import-not-at-top
+    # On use: utils imports the whole binary.
+    from mesh_tensorflow.transformer import utils
+    # pylint: enable=g-import-not-at-top
+    folders = [utils.gin_dir()]
+    files = [utils.find_gin_file("defaults.gin", folders)] + [
+        utils.find_gin_file(name, folders) for name in gin_files]
+    state = gin_state_lib.GinState.parse(files, gin_params,
+                                         search_paths=folders)
+    defaults = {name: p.default for name, p in
+                inspect.signature(utils.run).parameters.items()}
+    names = ("model_type", "sequence_length", "batch_size", "optimizer",
+             "learning_rate_schedule", "train_steps", "total_run_steps",
+             "ensemble_inputs", "autostack", "variable_filter")
+    arguments = {name: state.query(f"utils.run.{name}", defaults[name])
+                 for name in names}
+    if vocab_size is None:
+      arguments["vocabulary"] = _gin_vocabulary(state)
+    else:
+      arguments["vocabulary"] = vocab_size
+    if sequence_length is None and not isinstance(
+        arguments["sequence_length"], (int, dict)):
+      raise ValueError("TransformerPlanModel.from_gin: give sequence_length "
+                       "(utils.run.sequence_length is not bound).")
+    return cls.from_run_arguments(arguments, batch_size, sequence_length,
+                                  gin_state=state)
+
+  @property
+  def num_layers(self):
+    """The longest stack's layer count: recompute_layers' all."""
+    return max(s.num_layers for s in self._stacks)
+
+  @property
+  def stack_layers(self):
+    """{gin scope: layer count} of the model's stacks."""
+    return {s.scope: s.num_layers for s in self._stacks}
+
+  def _pipelinable(self):
+    return all(issubclass(s.cls, pipelined_layer_stack.PipelinedLayerStack)
+               or s.cls is layer_stack_lib.LayerStack for s in self._stacks)
+
+  def structures(self, num_processors):
+    """The structures on num_processors processors (see the module)."""
+    num_layers = self.num_layers
+    if not self._pipelinable():
+      # Another stack class (reversible, ...): searched as configured.
+      return [plan_space.Structure()]
+    found = [plan_space.Structure(recompute_layers=k)
+             for k in sorted({0, num_layers // 2, num_layers})]
+    for stages in range(2, num_processors + 1):
+      if num_processors % stages or not all(
+          s.takes_stages(stages) for s in self._stacks):
+        continue
+      for micro_batches in (stages, 2 * stages, 4 * stages):
+        if self.pipeline_batch % micro_batches:
+          continue
+        found += [plan_space.Structure(stages, micro_batches, k)
+                  for k in (0, num_layers)]
+    return found
+
+  def _check(self, structure):
+    if not isinstance(structure, plan_space.Structure):
+      raise ValueError(f"TransformerPlanModel: expected a Structure, got "
+                       f"{structure!r}.")
+    if structure.recompute_layers > self.num_layers:
+      raise ValueError(
+          f"TransformerPlanModel: {structure.describe()!r} recomputes "
+          f"{structure.recompute_layers} layers; the stacks have "
+          f"{self.stack_layers}.")
+    if structure.pipelined:
+      bad = [s for s in self._stacks if not s.takes_stages(structure.stages)]
+      if bad:
+        raise ValueError(
+            f"TransformerPlanModel: {structure.stages} stages do not divide "
+            f"the {bad[0].scope or 'layer'} stack's {bad[0].num_layers} "
+            f"layers into stages that repeat its {bad[0].period}-layer "
+            "block.")
+      if structure.recompute_layers not in (0, self.num_layers):
+        raise ValueError(
+            f"TransformerPlanModel: a pipelined stack recomputes all its "
+            f"layers or none; {structure.describe()!r} recomputes "
+            f"{structure.recompute_layers} of {self.num_layers}.")
+      if self.pipeline_batch % structure.micro_batches:
+        raise ValueError(
+            f"TransformerPlanModel: {structure.micro_batches} micro-batches "
+            f"do not divide the batch of {self.pipeline_batch} sequences.")
+
+  def settings(self, structure):
+    """{gin binding key: value as a gin file writes it} that run
+    `structure` in the binary (per stack scope)."""
+    self._check(structure)
+    settings = {}
+    for s in self._stacks:
+      p = s.prefix
+      if structure.pipelined:
+        recompute = structure.recompute_layers == self.num_layers
+        settings[p + _STACK_CLS] = f"@{_PIPELINED}"
+        settings[f"{p}{_PIPELINED}.num_stages"] = str(structure.stages)
+        settings[f"{p}{_PIPELINED}.num_microbatches"] = str(
+            structure.micro_batches)
+        settings[f"{p}{_PIPELINED}.recompute_grads"] = str(recompute)
+        if recompute:  # Not with recompute (PipelinedLayerStack says).
+          settings[f"{p}{_PIPELINED}.batch_weight_gradients"] = "False"
+        continue
+      if s.cls is not layer_stack_lib.LayerStack:
+        settings[p + _STACK_CLS] = f"@{_PLAIN}"
+      k = min(structure.recompute_layers, s.num_layers)
+      settings[f"{p}{_PLAIN}.recompute_grads"] = (
+          "True" if k == s.num_layers else
+          "False" if k == 0 else str(list(range(k))))
+    return settings
+
+  def build(self, structure, zero="none", mesh_shape=None,
+            layout_rules=None):
+    """(mtf.Graph, [loss]) of the training step in `structure` (see
+    plan_space.PlanModel.build)."""
+    shard_weight_update, shard_parameters = plan_space.zero_flags(zero)
+    if shard_weight_update and (mesh_shape is None or layout_rules is None):
+      raise ValueError(
+          f"TransformerPlanModel.build: zero={zero!r} shards over the mesh; "
+          "give mesh_shape and layout_rules.")
+    bindings = [f"{k} = {v}" for k, v in self.settings(structure).items()]
+    with self._gin.installed(bindings), _garbage_collection_paused():
+      model_fn = run_model_fn.tpu_estimator_model_fn(
+          model_type=self.model_type, transformer_model=self._build_model(),
+          vocabulary=self._vocabulary, model_dir=None, use_tpu=False,
+          mesh_shape=None, layout_rules=None, batch_size=self.batch_size,
+          sequence_length=self.sequence_length, autostack=self._autostack,
+          keep_checkpoint_max=None, save_checkpoints_steps=None,
+          learning_rate_schedule=self._learning_rate_schedule,
+          optimizer=self._optimizer, variable_filter=self._variable_filter,
+          ensemble_inputs=self._ensemble_inputs)
+      features = {k: tf.zeros(shape, tf.int32)
+                  for k, shape in self._feature_shapes.items()}
+      graph, loss = model_fn.training_graph(
+          features, mesh_shape=mesh_shape, layout_rules=layout_rules,
+          shard_weight_update=shard_weight_update,
+          shard_parameters=shard_parameters)
+    return graph, [loss]
+
+  def _build_model(self):
+    """The Transformer of the installed gin configuration."""
+    return run_settings.build_model(
+        model_type=self.model_type,
+        input_vocab_size=run_settings.inputs_vocabulary(
+            self._vocabulary).vocab_size,
+        output_vocab_size=run_settings.targets_vocabulary(
+            self._vocabulary).vocab_size)
+
+
+@contextlib.contextmanager
+def _garbage_collection_paused():
+  """Python's cyclic garbage collector off for a graph build: a big model's
+  build makes millions of objects and no garbage, and the collector's
+  passes over them took about 40% of the build's CPU time (T5-11B)."""
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
+
+
+def _layer_stacks(model, model_type):
+  """The model's layer stacks, in STACK_SCOPES' order."""
+  if model_type == "bitransformer":
+    return [model.encoder.layer_stack, model.decoder.layer_stack]
+  return [model.layer_stack]
+
+
+def _sized(vocabulary):
+  """`vocabulary` with ints (sizes) as stand-in vocabularies."""
+  if isinstance(vocabulary, tuple):
+    return tuple(_sized(v) for v in vocabulary)
+  if isinstance(vocabulary, int):
+    return _SizedVocabulary(vocabulary)
+  if vocabulary is None:
+    raise ValueError("TransformerPlanModel: give a vocabulary (or its "
+                     "size).")
+  return vocabulary
+
+
+def _fixed_batch_size(sequence_length, batch_size):
+  """utils.run.batch_size in sequences, if it does not depend on the
+  layout."""
+  method = batch_size[0] if isinstance(batch_size, (tuple, list)) else None
+  if isinstance(method, str) and method.endswith("per_replica"):
+    raise ValueError(
+        f"TransformerPlanModel: utils.run.batch_size = {batch_size!r} "
+        "depends on the layout (its replicas are what the plan decides); "
+        "give the batch size in sequences (batch_size=...), or bind "
+        "utils.run.batch_size to an int, ('sequences_per_batch', n) or "
+        "('tokens_per_batch', n).")
+  return run_auto_layout.fixed_batch_size(sequence_length, batch_size)
+
+
+def _gin_vocabulary(state):
+  """utils.run.vocabulary of a GinState, else the macro vocab_size."""
+  error = None
+  try:
+    vocabulary = state.query("utils.run.vocabulary")
+  except Exception as e:  # pylint: disable=broad-except
+    # E.g. a SentencePiece model that is not on this machine.
+    vocabulary, error = None, e
+  if vocabulary is not None:
+    return vocabulary
+  size = state.query("vocab_size/gin.macro.value")
+  if size is None:
+    raise ValueError(
+        "TransformerPlanModel.from_gin: no vocabulary: utils.run.vocabulary "
+        + (f"failed ({error}) " if error else "is not bound ")
+        + "and there is no gin macro vocab_size; give vocab_size.")
+  return size
