@@ -637,18 +637,30 @@ def extra_layout_params(case_id, mesh_shape, layout, modes=MODES):
           for mode in modes if mode in EVERY_LAYOUT_MODES]
 
 
-def mesh_layout_mode_params(layouts, modes=MODES):
+def mesh_layout_mode_params(layouts, modes=MODES, full_product=False):
   """pytest parameters (mesh_shape, layout, mode) for (mesh_shape, layout)
-  pairs, as layout_mode_params chooses them: every pair in the modes of
-  `modes` that are in EVERY_LAYOUT_MODES, the other modes on the first
-  pair whose mesh has two dimensions (on every pair when none has)."""
+  pairs, as layout_mode_params chooses them: every pair eagerly, "simd" on
+  the pairs whose mesh has two or more dimensions (their collectives run
+  over groups of either mesh axis; the other pairs lower by the same
+  Python code, checked eagerly), the other modes on the first pair whose
+  mesh has two dimensions; a mode that would have no pair runs on every
+  pair. Only the modes of `modes`; `full_product`: every mode on every
+  pair."""
   import pytest  # pylint: disable=g-import-not-at-top
+  every = set(range(len(layouts)))
+  multi_d = {i for i, (mesh, _) in enumerate(layouts) if mesh.count(":") >= 2}
   two_d = [i for i, (mesh, _) in enumerate(layouts) if mesh.count(":") == 2]
-  traced = set(two_d[:1]) or set(range(len(layouts)))
+  traced = set(two_d[:1]) or every
+
+  def runs(i, mode):
+    if mode == "simd":
+      return full_product or i in (multi_d or every)
+    return full_product or mode in EVERY_LAYOUT_MODES or i in traced
+
   return [pytest.param(mesh, layout, mode,
                        id=f"{mesh}-{layout or 'none'}-{mode}")
           for i, (mesh, layout) in enumerate(layouts) for mode in modes
-          if mode in EVERY_LAYOUT_MODES or i in traced]
+          if runs(i, mode)]
 
 
 def slicewise_layout_ids(dim_names):

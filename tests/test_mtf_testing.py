@@ -89,13 +89,19 @@ def test_mesh_layout_mode_params_traces_on_the_first_2d_mesh():
   layouts = [("all:1", ""), ("all:8", "h:all"), ("r:2;c:4", "b:r;h:c"),
              ("r:2;c:4", "h:r;b:c")]
   ids = [p.id for p in mtf_testing.mesh_layout_mode_params(layouts)]
+  # Every pair eagerly, SIMD on both 2-D pairs, the rest on the first.
   assert ids == [f"{m}-{l or 'none'}-{mode}" for i, (m, l) in
                  enumerate(layouts) for mode in mtf_testing.MODES
-                 if i == 2 or mode in ("eager", "simd")]
+                 if mode == "eager" or i == 2 or (i == 3 and mode == "simd")]
   ids = [p.id for p in mtf_testing.mesh_layout_mode_params(
-      layouts[:2], modes=("eager", "graph"))]
-  assert ids == ["all:1-none-eager", "all:1-none-graph",
-                 "all:8-h:all-eager", "all:8-h:all-graph"]
+      layouts, full_product=True)]
+  assert ids == [f"{m}-{l or 'none'}-{mode}" for m, l in layouts
+                 for mode in mtf_testing.MODES]
+  # Without a 2-D mesh, every mode on every pair.
+  ids = [p.id for p in mtf_testing.mesh_layout_mode_params(
+      layouts[:2], modes=("eager", "graph", "simd"))]
+  assert ids == ["all:1-none-eager", "all:1-none-graph", "all:1-none-simd",
+                 "all:8-h:all-eager", "all:8-h:all-graph", "all:8-h:all-simd"]
 
 
 def _check_ops_cases(wrong_value=False, wrong_gradient=False):
