@@ -42,8 +42,9 @@ defaults are optional, `default_collective` is used for what is missing):
 A per-wire-byte cost is per wire byte summed over ALL processors (the
 counters' convention), so it depends on how many processors send at once:
 with B bytes per second leaving each of P processors, seconds_per_wire_byte
-= 1 / (P B). A file for one processor count needs its costs scaled by
-P / P' for another (the shipped files say which P they are for).
+= 1 / (P B). `wire_processors` records that P (the shipped files and a
+calibration set it) and `for_processors(P')` scales the costs by P / P'
+for another count, as the planner does for the N it plans.
 """
 
 import collections
@@ -142,6 +143,10 @@ class MachineConstants:
     memory_bytes_per_processor: bytes of memory of one processor (its HBM),
       0 if not given (calibration leaves it 0): a planner's default
       per-processor memory budget.
+    wire_processors: the processor count P the per-wire-byte costs hold
+      for (they are 1 / (P x per-processor rate), see the module
+      docstring); 0 if not given. Calibration sets the measured device
+      count; `for_processors` rescales.
   """
   flops_per_second: float
   elementwise_bytes_per_second: float
@@ -154,6 +159,7 @@ class MachineConstants:
   share_replicas: bool = False
   matmul_bytes_per_second: float = 0.0
   memory_bytes_per_processor: float = 0.0
+  wire_processors: int = 0
 
   def __post_init__(self):
     _check_number(self.flops_per_second, "flops_per_second")
@@ -168,6 +174,13 @@ class MachineConstants:
                   positive=False)
     _check_number(self.memory_bytes_per_processor,
                   "memory_bytes_per_processor", positive=False)
+    if (isinstance(self.wire_processors, bool) or
+        not isinstance(self.wire_processors, (int, np.integer)) or
+        self.wire_processors < 0):
+      raise ValueError(f"MachineConstants field 'wire_processors' must be "
+                       f"a non-negative integer, got "
+                       f"{self.wire_processors!r}.")
+    object.__setattr__(self, "wire_processors", int(self.wire_processors))
     object.__setattr__(self, "default_collective",
                        _to_link(self.default_collective, "default_collective"))
     object.__setattr__(self, "collectives",
@@ -254,6 +267,50 @@ class MachineConstants:
       return 0.0
     return self.link(kind, mesh_dimension_names).seconds(wire_bytes)
 
+  def for_processors(self, num_processors):
+    """These constants for `num_processors` processors sending at once.
+
+    Every per-wire-byte cost (wire bytes summed over all processors) is
+    scaled by wire_processors / num_processors: each processor brings its
+    own links, so twice the processors move twice the bytes per second.
+    Latencies and compute figures are per processor and stay. This is an
+    approximation: a collective limited by a shared resource scales worse,
+    notably an alltoall bound by a torus's bisection (on a square 2-D
+    torus of P processors the bisection grows as sqrt(P), so its true cost
+    per wire byte falls as 1/sqrt(P), not 1/P): for more processors than
+    wire_processors its predicted time is optimistic, for fewer
+    pessimistic. Unchanged `concurrency` (how many processors compute at
+    full speed at once) is right while num_processors <= concurrency.
+
+    Args:
+      num_processors: N, a positive int.
+
+    Returns:
+      a MachineConstants with wire_processors = N; this one itself when
+      wire_processors is 0 (not given) or already N.
+    """
+    if (isinstance(num_processors, bool) or
+        not isinstance(num_processors, (int, np.integer)) or
+        num_processors < 1):
+      raise ValueError(f"MachineConstants.for_processors: num_processors "
+                       f"must be a positive integer, got "
+                       f"{num_processors!r}.")
+    if not self.wire_processors or self.wire_processors == num_processors:
+      return self
+    factor = self.wire_processors / num_processors
+
+    def scaled(link):
+      return LinkConstants(link.latency_seconds,
+                           link.seconds_per_wire_byte * factor)
+
+    return dataclasses.replace(
+        self, default_collective=scaled(self.default_collective),
+        collectives=tuple((kind, dims, scaled(link))
+                          for kind, dims, link in self.collectives),
+        wire_processors=int(num_processors),
+        source=(f"{self.source}; per-wire-byte costs scaled from "
+                f"{self.wire_processors} to {num_processors} processors"))
+
   # ---------------------------------------------------------- (de)serialize
 
   def to_dict(self):
@@ -273,6 +330,7 @@ class MachineConstants:
         "share_replicas": self.share_replicas,
         "matmul_bytes_per_second": self.matmul_bytes_per_second,
         "memory_bytes_per_processor": self.memory_bytes_per_processor,
+        "wire_processors": self.wire_processors,
     }
 
   @classmethod
@@ -621,7 +679,7 @@ def calibrate_devices(devices, mesh_impl="placement", quick=False):
       source=(f"calibrated{' (quick)' if quick else ''}: {mesh_impl} on "
               f"{key['devices']}, TensorFlow {key['tensorflow']}, "
               f"{key['host_cpu']}"),
-      calibration_seconds=seconds,
+      calibration_seconds=seconds, wire_processors=num,
       share_replicas=bool(getattr(impl, "share_replicas", False)), **compute)
 
 

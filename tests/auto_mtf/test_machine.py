@@ -290,6 +290,7 @@ def test_quick_calibration_gives_sane_constants(mesh_impl, mesh_shape):
   assert total > 0
   assert c.calibration_seconds > 0
   assert mesh_impl in c.source
+  assert c.wire_processors == np.prod(mesh_shape)  # What the costs hold for.
   assert machine.MachineConstants.from_json(c.to_json()) == c
 
 
