@@ -257,6 +257,29 @@ class GraphInterface(object):
           in_memory.discard(name)
     return contents
 
+  def compute_memory_deltas_under_schedule(self, schedule):
+    """compute_memory_contents_under_schedule as changes: the i-th entry is
+    (names allocated, names freed) from step i - 1's contents to step i's.
+    Consecutive steps differ by a few tensors, so this takes time and space
+    linear in the graph where the contents take the steps times their
+    sizes."""
+    readers_left = self._count_readers()
+    deltas = []
+    freed = []
+    for op_id in schedule:
+      op_name = self._operations[op_id].name
+      outputs = tuple(self.get_operation_output_names(op_name))
+      deltas.append((outputs, tuple(freed)))
+      freed = []
+      for name in outputs:
+        if readers_left[name] == 0:
+          freed.append(name)
+      for name in self.get_operation_input_names(op_name):
+        readers_left[name] -= 1
+        if readers_left[name] == 0:
+          freed.append(name)
+    return deltas
+
   # --------------------------------------------------------------- helpers
 
   def _count_readers(self):

@@ -143,7 +143,6 @@ class LayoutOptimizer(object):
     self._fixed_rules = self._checked_fixed_rules(fixed_rules or {})
     self._graph = memory_estimator.get_graph_interface()
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
-    self._memory_contents = None
     self._divisors_of = {}
     self._sharded_bytes_of = {}
     self._preprocess_input()
@@ -424,22 +423,20 @@ class LayoutOptimizer(object):
     # Consecutive steps differ by a few tensors: update the totals.
     totals = {}
     counts = collections.Counter()
-    previous = frozenset()
     steps = {}
-    for contents in self._get_memory_contents():
-      for t in contents - previous:
-        if t in keyed:
-          key, amount = keyed[t]
-          totals[key] = totals.get(key, 0) + amount
-          counts[key] += 1
-      for t in previous - contents:
+    for added, removed in self._schedule_deltas():
+      for t in removed:
         if t in keyed:
           key, amount = keyed[t]
           totals[key] -= amount
           counts[key] -= 1
           if not counts[key]:
             del totals[key], counts[key]
-      previous = contents
+      for t in added:
+        if t in keyed:
+          key, amount = keyed[t]
+          totals[key] = totals.get(key, 0) + amount
+          counts[key] += 1
       steps.setdefault(frozenset(totals.items()), None)
     return _undominated([dict(sorted(s, key=_key_order)) for s in steps])
 
@@ -469,18 +466,17 @@ class LayoutOptimizer(object):
     operations (see the step_costs argument)."""
     return self._step_costs
 
-  def _get_memory_contents(self):
-    """The tensors in memory at each step of the schedule (computed once
-    per estimator: the schedule does not depend on the layout)."""
-    if self._memory_contents is None:
-      cache = self._estimator.__dict__.setdefault("_memory_contents_of", {})
-      if self._scheduler_alg not in cache:
-        schedule = scheduler.minimize_peak_memory(self._graph,
-                                                  self._scheduler_alg)
-        cache[self._scheduler_alg] = (
-            self._graph.compute_memory_contents_under_schedule(schedule))
-      self._memory_contents = cache[self._scheduler_alg]
-    return self._memory_contents
+  def _schedule_deltas(self):
+    """The memory-minimizing schedule's contents, step by step, as
+    (allocated, freed) tensor names (computed once per estimator: the
+    schedule does not depend on the layout)."""
+    cache = self._estimator.__dict__.setdefault("_schedule_deltas_of", {})
+    if self._scheduler_alg not in cache:
+      schedule = scheduler.minimize_peak_memory(self._graph,
+                                                self._scheduler_alg)
+      cache[self._scheduler_alg] = (
+          self._graph.compute_memory_deltas_under_schedule(schedule))
+    return cache[self._scheduler_alg]
 
   # ---------------------------------------------------------------- solving
 
@@ -571,8 +567,9 @@ class LayoutOptimizer(object):
       assignment = {d: layout[d] for d in self._tensor_dimension_set[t]
                     if d in layout}
       sizes[t] = self._tensor_bytes(t, assignment)
-    return max((sum(sizes[t] for t in contents)
-                for contents in self._get_memory_contents()), default=0)
+    peak, _ = peak_under_schedule(self._schedule_deltas(), sizes)
+    return peak
+
 
   def evaluate_step_seconds(self, layout):
     """Predicted seconds per step of `layout` (objective "time" only)."""
@@ -600,6 +597,24 @@ class LayoutOptimizer(object):
       else:
         logging.warning("auto_mtf: skipping unsplittable dimension %s.", d)
     return result
+
+
+# ------------------------------------------------------- schedule memory
+
+
+def peak_under_schedule(deltas, sizes):
+  """(peak bytes, index of the first step reaching it) of a schedule's
+  (allocated, freed) names per step (GraphInterface.
+  compute_memory_deltas_under_schedule) with {tensor name: bytes} (names
+  absent count 0); (0, None) if empty."""
+  total = 0
+  peak, at = 0, None
+  for step, (added, removed) in enumerate(deltas):
+    total -= sum(sizes.get(t, 0) for t in removed)
+    total += sum(sizes.get(t, 0) for t in added)
+    if at is None or total > peak:
+      peak, at = total, step
+  return peak, at
 
 
 # ------------------------------------------------------------- step costs

@@ -18,6 +18,7 @@ import dataclasses
 from mesh_tensorflow import mesh_impl as mesh_impl_lib
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.auto_mtf import cost_model
+from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import scheduler
 from mesh_tensorflow.auto_mtf import step_cost
@@ -124,13 +125,14 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules):
   for name in graph.get_all_tensor_names():
     if graph.is_tensor_on_canonical_device(name):
       sizes[name] = _slice_bytes(impl, part_of.tensors[name])
-  best = None
-  for contents in graph.compute_memory_contents_under_schedule(schedule):
-    total = sum(sizes.get(t, 0) for t in contents)
-    if best is None or total > best[0]:
-      best = (total, contents)
+  deltas = graph.compute_memory_deltas_under_schedule(schedule)
+  _, at = layout_optimizer.peak_under_schedule(deltas, sizes)
+  in_memory = set()
+  for added, removed in deltas[:0 if at is None else at + 1]:
+    in_memory.difference_update(removed)
+    in_memory.update(added)
   parts = dict.fromkeys(MEMORY_PARTS, 0)
-  for t in (best[1] if best else ()):
+  for t in in_memory:
     parts[part_of.part(t)] += sizes.get(t, 0)
   return PeakMemory(**parts)
 

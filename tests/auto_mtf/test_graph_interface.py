@@ -55,6 +55,14 @@ def _check_common(graph):
   assert graph.compute_memory_contents_under_schedule([0, 1, 3, 2]) == [
       {"X:0"}, {"X:0", "Y:0"}, {"X:0", "Y:0", "Z2:0"},
       {"X:0", "Y:0", "Z1:0"}]
+  for schedule in ([0, 1, 2, 3], [0, 1, 3, 2], [1, 0, 3, 2]):
+    # The changes replay to the contents.
+    replayed, in_memory = [], set()
+    for added, freed in graph.compute_memory_deltas_under_schedule(schedule):
+      in_memory.difference_update(freed)
+      in_memory.update(added)
+      replayed.append(set(in_memory))
+    assert replayed == graph.compute_memory_contents_under_schedule(schedule)
 
 
 def test_tensorflow_graph():
