@@ -249,12 +249,18 @@ BLOCK_LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("mesh_shape,layout,mode", [
-    pytest.param(mesh, layout, mode, id=f"{case}-{mode}")
-    for case, mesh, layout in BLOCK_LAYOUTS for mode in mtf_testing.MODES] + [
-        pytest.param(mesh, layout, mtf_testing.V1_SHAPES_MODE,
-                     id=f"{case}-{mtf_testing.V1_SHAPES_MODE}")
-        for case, mesh, layout in BLOCK_LAYOUTS[:2]])
+def _block_params():
+  """Every block layout eagerly, SIMD on the 2-D meshes (halo exchanges over
+  either mesh axis), the traced modes on "2d", as layout_mode_params
+  chooses: the halo code is the same Python code in every mode."""
+  for case, mesh, layout in BLOCK_LAYOUTS:
+    for mode in mtf_testing.MODES + (mtf_testing.V1_SHAPES_MODE,):
+      if (mode == "eager" or case == "2d"
+          or (mode == "simd" and ";" in mesh)):
+        yield pytest.param(mesh, layout, mode, id=f"{case}-{mode}")
+
+
+@pytest.mark.parametrize("mesh_shape,layout,mode", list(_block_params()))
 def test_conv2d_with_blocks(mesh_shape, layout, mode):
   # Halos: 1 and 2 rows (blocks of 3 rows), 1 column (blocks of 2 columns).
   # Without w_blocks_dim the w blocks are convolved independently, with zero
