@@ -1,11 +1,11 @@
 """Tests of mesh_tensorflow.layers.attention_layers against NumPy.
 
 Attention is checked on one processor and model-parallel (heads split over
-`all:8`, or batch and heads split on a 2-D mesh), in eager and tf.function
-mode. Multihead layers export their variables so the NumPy references can
-reproduce the math; gradients are checked against float64 central
-differences. Local (blocked) attention is tested in
-test_local_attention_layers.py.
+`all:8`, or batch and heads split on a 2-D mesh), eagerly, and in
+tf.function mode on the 2-D mesh. Multihead layers export their variables
+so the NumPy references can reproduce the math; gradients are checked
+against float64 central differences. Local (blocked) attention is tested
+in test_local_attention_layers.py.
 """
 
 import numpy as np
@@ -29,8 +29,10 @@ HEADS_LAYOUTS = [("all:1", ""), ("all:8", "heads:all"),
 
 
 def _params(layouts, modes=MODES):
-  return [pytest.param(m, l, mode, id=f"{m}-{l or 'none'}-{mode}")
-          for m, l in layouts for mode in modes]
+  # Every layout eagerly, the traced modes on the first 2-D layout (on
+  # every layout when there is none): tracing is the same Python code
+  # whatever the split.
+  return mtf_testing.mesh_layout_mode_params(layouts, modes)
 
 
 def _rand(shape, seed, low=-1.0, high=1.0):
