@@ -38,20 +38,21 @@ def _reference(shared_result, make_loss, optimizers, mesh_shape, layout):
 
 def _mlp_cases():
   """The 1-D and a 2-D mesh with both shardings on placement; on SIMD,
-  sharded updates on both and sharded parameters on the 2-D one (the
-  lowering is the same; the SIMD collectives are what differs). The other
-  2-D mesh, b:4;m:2, takes the same code path with other shard sizes:
-  test_mlp_in_eager_and_graph_mode runs it with both shardings."""
+  both shardings on the 2-D mesh only (the lowering is the same; the SIMD
+  collectives are what differs, and on b:2;m:4 they run over groups of a
+  mesh axis, of which the 1-D mesh's one group of 8 is the simplest
+  case). The other 2-D mesh, b:4;m:2, takes the same code path with other
+  shard sizes: test_mlp_in_eager_and_graph_mode runs it with both
+  shardings."""
   for mesh in MESHES:
     if mesh.id == "b4m2":
       continue
     for sharding in ("update", "parameters"):
       yield pytest.param(*mesh.values, "function", sharding,
                          id=f"{mesh.id}-placement-{sharding}")
-    yield pytest.param(*mesh.values, "simd", "update",
-                       id=f"{mesh.id}-simd-update")
-  yield pytest.param("b:2;m:4", "batch:b;d_ff:m", "simd", "parameters",
-                     id="b2m4-simd-parameters")
+  for sharding in ("update", "parameters"):
+    yield pytest.param("b:2;m:4", "batch:b;d_ff:m", "simd", sharding,
+                       id=f"b2m4-simd-{sharding}")
 
 
 @pytest.mark.parametrize("mesh_shape,layout,impl_mode,sharding",
