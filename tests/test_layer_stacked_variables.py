@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.estimator import checkpoints
+from mesh_tensorflow.strategies import layer_stacking
 from tests import layer_stacked_models as models
 from tests import mtf_testing
 
@@ -395,3 +396,20 @@ def test_a_row_outside_the_stack_is_named():
   with pytest.raises(ValueError, match=r"row=4 .*'stage'.*\[0, 4\)"):
     with mtf.stack_layer_variables(models.STAGE, models.members, row=4):
       pass
+
+
+def test_a_reused_stacked_variable_makes_no_row_initializers(monkeypatch):
+  """A pipeline looks its stacked variables up once per iteration: only
+  the variable's first creation may derive its rows' initializers (and
+  only when it initialises), not every lookup."""
+  calls = []
+  real = layer_stacking._row_initializer  # pylint: disable=protected-access
+  monkeypatch.setattr(layer_stacking, "_row_initializer",
+                      lambda *a: calls.append(a) or real(*a))
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  for _ in range(3):
+    with mtf.stack_layer_variables(models.STAGE, models.members):
+      with tf.compat.v1.variable_scope("block_000"):
+        mtf.get_variable(mesh, "bias", [models.D])
+  assert not calls

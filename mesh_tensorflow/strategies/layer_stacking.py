@@ -49,6 +49,7 @@ import tensorflow as tf
 from mesh_tensorflow import errors
 from mesh_tensorflow import extensions
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.randomness import run_seed
 from mesh_tensorflow.randomness import tf_initializers
 from mesh_tensorflow.storage import variable_store
 from mesh_tensorflow.ops import indexing
@@ -201,8 +202,24 @@ class RowInitializer:
   """
 
   def __init__(self, initializer, full_name, member_names):
-    self._rows = [_row_initializer(initializer, full_name, m)
-                  for m in member_names]
+    self._initializer = initializer
+    self._full_name = full_name
+    self._member_names = list(member_names)
+    # The seeds derive from names under the run seed of now.
+    self._run_seed = run_seed.get_seed()
+    self._row_initializers = None
+
+  @property
+  def _rows(self):
+    """The members' initializers, made on first use: a pipeline looks up
+    each stacked variable once per iteration, and all but the first
+    lookup find the variable made and never initialise it."""
+    if self._row_initializers is None:
+      with run_seed.seed_scope(self._run_seed):
+        self._row_initializers = [
+            _row_initializer(self._initializer, self._full_name, m)
+            for m in self._member_names]
+    return self._row_initializers
 
   def row(self, index, row_shape, dtype):
     """Row `index`'s initial value, of `row_shape` and `dtype`."""
