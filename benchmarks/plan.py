@@ -3,8 +3,9 @@
 Issue 49's check of the run planner against measurement. For each model of
 --models, a list of plans (`plan_cases`: a hand-made set spanning the mesh
 shapes, ZeRO levels, pipeline stages S and micro-batches M, and recompute;
-with --plans planner, those of `planner.enumerate_plans` with their
-predictions) is built through the model's `PlanModel.build`, lowered on 8
+with --plans planner, those of `planner.enumerate_plans`, or while the
+planner has none, its pick and alternatives, with their predictions) is
+built through the model's `PlanModel.build`, lowered on 8
 logical CPUs (PlacementMeshImpl) and
 
 - timed: every plan's step is traced and warmed up, then the plans take
@@ -19,8 +20,9 @@ logical CPUs (PlacementMeshImpl) and
   processor's device apart (replicas not shared), the largest over the
   processors; split into parameters and optimizer slots (the variables'
   slices on that device) and, at the peak, activations (buffers of ops the
-  loss depends on) and gradients (the rest: gradients and the update's
-  temporaries), as the planner's PeakMemory splits them;
+  loss depends on, gathered ZeRO-3 parameters among them) and gradients
+  (the rest: gradients, the update's temporaries and recomputed
+  activations), as the planner's PeakMemory splits them;
 - checked: the losses of the first --check_steps steps against the plain
   model's on one processor (`loss_rel_diff`, the largest relative
   difference).
@@ -29,7 +31,10 @@ The one-processor run is timed in the same rounds ("reference": true) but
 left out of the ranking. One JSON line per plan, then one per model with
 the ranking figures (and, where plans carry predictions, the pick's
 measured time over the best and the rank correlation of predicted and
-measured times, and the worst memory error).
+measured times, and the worst memory error: predicted peak over counted
+peak, in either order, `memory_ratio` and `memory_ratio_alap` per plan).
+A new model is a PlanModel in `make_model`; a planner's plans come in
+through `planner_cases`.
 
   python benchmarks/plan.py [--models dense] [--plans hand|planner]
       [--rounds 10] [--quick]
@@ -55,6 +60,8 @@ def parse_args(argv):
   p.add_argument("--models", default=",".join(MODELS))
   p.add_argument("--plans", default="hand", choices=("hand", "planner"),
                  help="hand-made plans, or the planner's enumeration")
+  p.add_argument("--max_plans", type=int, default=24,
+                 help="with --plans planner: the most plans run")
   p.add_argument("--rounds", type=int, default=10,
                  help="timed rounds (one step of every plan each)")
   p.add_argument("--warmup", type=int, default=2,
@@ -140,17 +147,35 @@ def hand_cases(name, model, quick=False):
           for st, mesh, rules, zero in plans if st in allowed]
 
 
-def planner_cases(name, model, num_processors=NUM_DEVICES):
-  """The planner's plans for `model`, with their predictions."""
+def planner_cases(name, model, args, num_processors=NUM_DEVICES):
+  """The planner's plans for `model`, with their predictions.
+
+  `planner.enumerate_plans(model, num_processors)` where the planner has
+  it; else the pick of `planner.plan` and its alternatives that fit (at
+  most --max_plans in all).
+  """
   from mesh_tensorflow.auto_mtf import planner  # pylint: disable=g-import-not-at-top
-  return [Case(name, model, p.structure, str(_text(p.mesh_shape)),
-               str(_text(p.layout_rules)), p.zero, predicted=_prediction(p))
-          for p in planner.enumerate_plans(model, num_processors)]
+  if hasattr(planner, "enumerate_plans"):
+    plans = list(planner.enumerate_plans(model, num_processors))
+  else:
+    pick = planner.plan(model, num_processors,
+                        max_alternatives=max(args.max_plans - 1, 0))
+    plans = [pick] + [a for a in pick.alternatives
+                      if a.step_seconds is not None]
+  return [Case(name, model, p.structure, _text(p.mesh_shape),
+               _text(p.layout_rules), p.zero, predicted=_prediction(p))
+          for p in plans[:args.max_plans]]
 
 
 def _text(x):
-  """A mesh shape or layout rules as their string form."""
-  return getattr(x, "to_string", x)
+  """A mesh shape or layout rules (mtf objects or strings) as the string
+  PlacementMeshImpl takes, e.g. "b:2;m:4" and "batch:b;hidden:m"."""
+  if isinstance(x, str):
+    return x
+  mtf = _mtf()
+  if isinstance(x, mtf.Shape):
+    return ";".join(f"{d.name}:{d.size}" for d in x.dims)
+  return ";".join(f"{t}:{m}" for t, m in mtf.convert_to_layout_rules(x))
 
 
 def _value(x):
@@ -159,24 +184,29 @@ def _value(x):
 
 
 def _prediction(plan):
-  """{"seconds", "seconds_split", "peak_bytes", "bytes_split"} of a Plan."""
+  """The predicted figures of a planner.Plan (or Alternative): "seconds",
+  "peak_bytes" and, where given, "seconds_split" and "bytes_split"."""
   out = {}
   step_time = getattr(plan, "step_time", None)
   if step_time is not None:
     out["seconds"] = float(_value(step_time.total))
     out["seconds_split"] = {k: float(getattr(step_time, k)) for k in
                             ("compute", "collectives", "bubble")}
+  elif getattr(plan, "step_seconds", None) is not None:
+    out["seconds"] = float(plan.step_seconds)
   memory = getattr(plan, "memory", None)
   if memory is not None:
     out["peak_bytes"] = int(_value(memory.total))
     out["bytes_split"] = dict(memory.as_dict())
+  elif getattr(plan, "peak_bytes", None) is not None:
+    out["peak_bytes"] = int(plan.peak_bytes)
   return out
 
 
 def plan_cases(name, model, args):
   """The plans of `model` to run: hand-made or the planner's."""
   if args.plans == "planner":
-    return planner_cases(name, model)
+    return planner_cases(name, model, args)
   return hand_cases(name, model, quick=args.quick)
 
 
@@ -351,11 +381,12 @@ def run_model(tf, mtf, name, args):
         bench_util.log(f"{case.label}: not counted: {e!r:.300}")
     if case.predicted:
       record["predicted"] = case.predicted
-      worst = max((record.get(k, {}).get("peak", 0) for k in
-                   ("counted_bytes", "counted_bytes_alap")), default=0)
-      if worst:
-        record["memory_ratio"] = bench_util.rounded(
-            case.predicted.get("peak_bytes", 0) / worst)
+      # Predicted over counted, in either order (as benchmarks/auto_layout.py).
+      for key, counted_key in (("memory_ratio", "counted_bytes"),
+                               ("memory_ratio_alap", "counted_bytes_alap")):
+        peak = record.get(counted_key, {}).get("peak")
+        if peak and "peak_bytes" in case.predicted:
+          record[key] = bench_util.rounded(case.predicted["peak_bytes"] / peak)
     bench_util.log(f"  {case.label}: {record.get('step_seconds')} s, peak "
                    f"{record.get('counted_bytes', {}).get('peak')} B, loss "
                    f"diff {record.get('loss_rel_diff')}")
@@ -395,10 +426,11 @@ def summary(name, cases, records, repeat_tau):
     out["tau_predicted_measured"] = bench_util.rounded(auto_layout.kendall_tau(
         [c.predicted["seconds"] for c, _ in predicted],
         [r["step_seconds"] for _, r in predicted]))
-    ratios = [r["memory_ratio"] for _, r in predicted if "memory_ratio" in r]
-    if ratios:
-      out["worst_memory_error"] = bench_util.rounded(
-          max(abs(x - 1) for x in ratios))
+    for key in ("memory_ratio", "memory_ratio_alap"):
+      ratios = [r[key] for _, r in predicted if key in r]
+      if ratios:
+        out["worst_" + key.replace("ratio", "error")] = bench_util.rounded(
+            max(abs(x - 1) for x in ratios))
   return out
 
 
