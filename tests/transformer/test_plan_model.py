@@ -55,8 +55,9 @@ def _recomputed(graph):
   """{stack scope: number of recompute operations in it}."""
   counts = {}
   for op in graph.operations:
+    grad_fn = getattr(op, "_grad_fn", None)
     if (isinstance(op, mtf.CustomGradientOperation) and
-        op._grad_fn.__qualname__.startswith("recompute_grad.")):  # pylint: disable=protected-access
+        grad_fn.__qualname__.startswith("recompute_grad.")):
       scope = op.name.split("/")[0]
       counts[scope] = counts.get(scope, 0) + 1
   return counts
@@ -162,7 +163,8 @@ def test_zero_shards_the_mesh_before_the_model(lm):
     (Structure(2, 4, 0), r"4 micro-batches do not divide the batch of 2"),
     (Structure(2, 2, 3), r"all its layers or none"),
     (Structure(recompute_layers=7), r"recomputes 7 layers"),
-    (Structure(4, 4, 0), r"4 stages do not divide the encoder stack's 4 layers"),
+    (Structure(4, 4, 0),
+     r"4 stages do not divide the encoder stack's 4 layers"),
 ])
 def test_structures_the_model_cannot_run(bi, structure, match):
   with pytest.raises(ValueError, match=match):
