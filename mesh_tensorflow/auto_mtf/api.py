@@ -213,7 +213,10 @@ def _machine_for(machine, mesh_shape, objective, quick_calibration=False):
   from mesh_tensorflow.auto_mtf import machine as machine_lib  # pylint: disable=g-import-not-at-top
   if machine is None:
     return machine_lib.load_or_calibrate(mesh_shape, quick=quick_calibration)
-  return machine_lib.machine_constants(machine)
+  # Per-wire-byte costs hold for the processors the figures were made
+  # for (MachineConstants.wire_processors): scaled to this mesh's.
+  return machine_lib.machine_constants(machine).for_processors(
+      shape_lib.convert_to_shape(mesh_shape).size)
 
 
 def _mesh_shape_of(sizes):

@@ -22,6 +22,7 @@ import types
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from mesh_tensorflow.auto_mtf import planner
 
@@ -79,6 +80,10 @@ def main(argv):
   f = flags.FLAGS
   if not f.num_processors or not f.machine:
     raise app.UsageError("--num_processors and --machine are required.")
+  if not f["verbosity"].present:
+    # The library logs a line per variable it shards; the table is what
+    # this command is for (-v 0 shows them).
+    logging.set_verbosity(logging.WARNING)
   # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.auto_mtf import machine as machine_lib
   from mesh_tensorflow.transformer import plan_model

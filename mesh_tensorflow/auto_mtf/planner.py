@@ -317,8 +317,10 @@ class _Search:
       self._add_mesh_shape(structure, graph, outputs, mesh_shape)
 
   def _add_mesh_shape(self, structure, graph, outputs, mesh_shape):
+    # Scaled to the mesh's processor count (MachineConstants.
+    # for_processors), as the layout search scales them.
     constants = api._machine_for(self._machine, mesh_shape, "time",  # pylint: disable=protected-access
-                                 self._quick).for_processors(self._n)
+                                 self._quick)
     estimator = memory_estimator.MemoryEstimator(graph, mesh_shape, outputs,
                                                  self._uneven)
     fixed = {}
