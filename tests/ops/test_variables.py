@@ -545,10 +545,8 @@ def _train(mode, impl):
 
 @pytest.mark.parametrize(
     "mesh_shape,layout,mode", mtf_testing.layout_mode_params(
-        ["batch", "hidden"]) + [
-            pytest.param("rows:2;cols:4", "io:rows;hidden:cols",
-                         mode, id=f"2d_io_hidden-{mode}")
-            for mode in mtf_testing.MODES])
+        ["batch", "hidden"]) + mtf_testing.extra_layout_params(
+            "2d_io_hidden", "rows:2;cols:4", "io:rows;hidden:cols"))
 def test_training_is_layout_independent(mesh_shape, layout, mode):
   """Layout changes speed, never the answer: the losses match NumPy."""
   impl = _impl(mesh_shape, layout, mode)
