@@ -11,10 +11,13 @@ V = 16  # Size of the looked-up (vocabulary) dimension.
 
 
 def _layouts(dim_names, extra):
-  """layout_mode_params, plus `extra` (id, mesh, layout) cases."""
+  """layout_mode_params, plus `extra` (id, mesh, layout[, modes]) cases."""
   return mtf_testing.layout_mode_params(dim_names) + [
       param for case in extra
       for param in mtf_testing.extra_layout_params(*case)]
+
+
+EAGER = ("eager",)
 
 
 def _indices(shape, seed=1, low=0, high=V):
@@ -65,12 +68,18 @@ def test_one_hot_rejects_float_indices():
 # weights[v, h] looked up at indices[i, j]: the gathered dimension v split or
 # not, indices split (their gradient needs an allreduce over those mesh
 # dimensions), and v and an indices dimension on the same mesh dimension.
+# Every extra layout runs eagerly. SIMD runs where the collectives differ
+# from those of the standard 2d and 2d_swapped layouts (an allreduce over
+# rows or cols for the split v): 2d_i_j's gradient allreduces over both
+# mesh axes, and v split with i or j on one mesh axis (rows, cols)
+# allconcats and reduce-scatters; the other layouts' collectives are
+# allreduces over one axis, which those run.
 GATHER_PARAMS = _layouts(["v", "h", "i", "j"], [
-    ("2d_v_i", "rows:2;cols:4", "v:rows;i:cols"),
-    ("2d_i_v", "rows:2;cols:4", "i:rows;v:cols"),
-    ("2d_i_h", "rows:2;cols:4", "i:rows;h:cols"),
+    ("2d_v_i", "rows:2;cols:4", "v:rows;i:cols", EAGER),
+    ("2d_i_v", "rows:2;cols:4", "i:rows;v:cols", EAGER),
+    ("2d_i_h", "rows:2;cols:4", "i:rows;h:cols", EAGER),
     ("2d_i_j", "rows:2;cols:4", "i:rows;j:cols"),
-    ("all8_v_and_i", "all:8", "v:all;i:all"),
+    ("all8_v_and_i", "all:8", "v:all;i:all", EAGER),
     ("2d_v_and_i_rows", "rows:2;cols:4", "v:rows;i:rows;h:cols"),
     ("2d_v_and_j_cols", "rows:2;cols:4", "v:cols;j:cols;i:rows"),
 ])
