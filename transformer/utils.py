@@ -287,7 +287,8 @@ def run(tpu_job_name,
         shard_weight_update=False,
         shard_parameters=False,
         allow_uneven_splits=False,
-        seed=None):
+        seed=None,
+        plan=None):
   """Runs training, evaluation, inference, scoring or export (`mode`).
 
   Args:
@@ -362,6 +363,13 @@ def run(tpu_job_name,
       TensorFlow's global seed in the estimator's programs (other random
       ops, e.g. a dataset function's own shuffle). None: unseeded shuffles,
       as in the original, and the names' own seeds.
+    plan: None, or "auto" (with mesh_shape and layout_rules "auto"): the
+      run planner (mtf.auto_mtf.plan; see binary/run_plan) picks the mesh
+      shape, layout rules, weight-update sharding and the layer stacks'
+      pipeline stages, micro-batches and recompute for the devices'
+      processors within gin `auto_layout.memory_budget` (`machine`,
+      `quick_calibration`), prints its table and binds its choices in gin,
+      so the operative config repeats them without planning.
 
   Returns:
     what the mode returns (e.g. eval metrics, scores, the export path).

@@ -75,10 +75,18 @@ def fixed_batch_size(sequence_length, batch_size):
                                          batch_size)
 
 
-@gin.configurable("auto_layout", module=_GIN_MODULE,
-                  allowlist=["objective", "memory_budget", "machine",
-                             "max_mesh_shape_dimensions",
-                             "quick_calibration"])
+@gin.configurable("auto_layout", module=_GIN_MODULE)
+def search_settings(objective="time", memory_budget=None, machine=None,
+                    max_mesh_shape_dimensions=2, quick_calibration=False):
+  """The search's settings as gin gives them (`auto_layout.objective`,
+  ...; see search_layout): the layout search's, and (but the objective)
+  the run planner's (run_plan)."""
+  return dict(objective=objective, memory_budget=memory_budget,
+              machine=machine,
+              max_mesh_shape_dimensions=max_mesh_shape_dimensions,
+              quick_calibration=quick_calibration)
+
+
 def search_layout(mtf_graph, mtf_outputs, mesh_shape_or_processor_count,
                   objective="time", memory_budget=None, machine=None,
                   max_mesh_shape_dimensions=2, shard_weight_update=False,
@@ -190,7 +198,7 @@ def choose(model_fn, mesh_shape_or_processor_count, features_fn,
   return search_layout(mtf_graph, [loss], mesh_shape_or_processor_count,
                        shard_weight_update=shard_weight_update,
                        shard_parameters=shard_parameters,
-                       allow_uneven=allow_uneven)
+                       allow_uneven=allow_uneven, **search_settings())
 
 
 def mesh_shape_string(mesh_shape):

@@ -1,9 +1,10 @@
 """utils.run's arguments, resolved once into a ResolvedRun.
 
-`utils.run` takes its 45 arguments from gin (the original's API); `resolve`
-turns them into what the run uses: the mesh shape and layout rules (with
-layout_rules "auto" the layout search's choice, see run_auto_layout), the
-devices, the batch size in sequences, the steps and the learning-rate
+`utils.run` takes its 46 arguments from gin (the original's API and
+extensions); `resolve` turns them into what the run uses: the mesh shape
+and layout rules (with layout_rules "auto" the layout search's choice, see
+run_auto_layout; with plan "auto" the run planner's, which also sets the
+sharding and the layer stacks' structure, see run_plan), the devices, the batch size in sequences, the steps and the learning-rate
 schedule with its total steps bound. The estimator is built from the
 ResolvedRun (`estimator_arguments`) and the mode drivers (run_modes) take
 it: nothing reads utils.run's gin values again, and run is called once.
@@ -21,6 +22,7 @@ from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer.binary import run_auto_layout
 from mesh_tensorflow.transformer.binary import run_devices
 from mesh_tensorflow.transformer.binary import run_model_fn
+from mesh_tensorflow.transformer.binary import run_plan
 from mesh_tensorflow.transformer.binary import run_settings
 
 MODES = ("train", "eval", "score_eval", "perplexity_eval", "infer",
@@ -95,6 +97,8 @@ class ResolvedRun:
   output_eval_examples: bool
   export_checkpoint_step: Any
   export_path: str
+  # utils.run.plan "auto": the mtf.auto_mtf.planner.Plan it runs.
+  plan: Any = None
 
   @property
   def use_tpu(self):
@@ -149,7 +153,8 @@ def resolve(arguments):
   """The ResolvedRun of utils.run's arguments (a dict name -> value).
 
   With layout_rules "auto" this searches the layout, prints the choice and
-  records it in gin (run_auto_layout.bind_choice). On a machine without
+  records it in gin (run_auto_layout.bind_choice); with plan "auto" it
+  plans the run likewise (run_plan.plan_run). On a machine without
   accelerators it splits the CPU into the mesh's processors.
 
   Raises:
@@ -173,8 +178,13 @@ def resolve(arguments):
     cluster = tf.distribute.cluster_resolver.TPUClusterResolver(
         a["tpu"], zone=a["tpu_zone"], project=a["gcp_project"])
   mesh_shape, layout_rules = a["mesh_shape"], a["layout_rules"]
-  choice = None
-  if run_auto_layout.wants_search(mesh_shape, layout_rules):
+  choice = plan = None
+  if run_plan.wants_plan(a["plan"], mesh_shape, layout_rules):
+    plan = run_plan.plan_run(a, cluster)
+    # As gin gives them, the chosen values (see run_plan.bind_plan).
+    a = dict(a, **run_plan.run_values(plan))
+    mesh_shape, layout_rules = a["mesh_shape"], a["layout_rules"]
+  elif run_auto_layout.wants_search(mesh_shape, layout_rules):
     choice = _search_layout(a, sequence_length, cluster)
     run_auto_layout.report(choice)
     run_auto_layout.bind_choice(choice)
@@ -211,7 +221,7 @@ def resolve(arguments):
     run_devices.ensure_local_devices(mesh_shape.size, a["mesh_devices"])
   return ResolvedRun(
       mesh_shape=mesh_shape, layout_rules=layout_rules,
-      layout_choice=choice, cluster=cluster,
+      layout_choice=choice, plan=plan, cluster=cluster,
       sequence_length=sequence_length, batch_size=batch_size,
       train_steps=train_steps,
       learning_rate_schedule=learning_rate_schedule,

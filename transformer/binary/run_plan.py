@@ -1,0 +1,148 @@
+"""`utils.run.plan = "auto"`: the binary plans its run at start-up.
+
+The run planner (mtf.auto_mtf.plan) searches together the mesh shape, the
+layout rules, the weight-update sharding level (ZeRO) and the layer
+stacks' structure (pipeline stages, micro-batches, recomputed layers) of
+the run's own model (transformer.plan_model.TransformerPlanModel, built
+from utils.run's arguments and gin), for the processors of the run's
+devices (run_devices.processor_count), within `auto_layout.memory_budget`
+bytes per processor (also `auto_layout.machine`, `quick_calibration` and
+`max_mesh_shape_dimensions`; the objective is always the predicted step
+time).
+
+The plan's table is printed. Its choices are bound in gin, the layer
+stacks' bindings for the model built next, and recorded in gin's
+operative config as the values utils.run ran with (utils.run.plan None,
+the chosen mesh_shape, layout_rules, shard_weight_update and
+shard_parameters), so a rerun with that config repeats the plan without
+planning. utils.run.mesh_shape and layout_rules must then be "auto": the
+plan picks them.
+"""
+
+from absl import logging
+import gin
+
+from mesh_tensorflow.transformer.binary import run_auto_layout
+from mesh_tensorflow.transformer.binary import run_devices
+
+_RUN = f"{run_auto_layout._GIN_MODULE}.run"  # pylint: disable=protected-access
+# The plan's settings that are utils.run's arguments (not stack bindings).
+_RUN_SETTINGS = ("mesh_shape", "layout_rules", "shard_weight_update",
+                 "shard_parameters")
+
+
+def wants_plan(plan, mesh_shape, layout_rules):
+  """Whether the run must plan itself (utils.run.plan "auto").
+
+  Raises:
+    ValueError: a plan other than None or "auto", or "auto" with an
+      explicit mesh shape or layout rules.
+  """
+  if plan is None:
+    return False
+  if not run_auto_layout.is_auto(plan):
+    raise ValueError(f"utils.run.plan must be None or 'auto', got {plan!r}.")
+  explicit = [f"utils.run.{name} = {value!r}" for name, value in
+              (("mesh_shape", mesh_shape), ("layout_rules", layout_rules))
+              if not run_auto_layout.is_auto(value)]
+  if explicit:
+    raise ValueError(
+        f"utils.run.plan = 'auto' picks the mesh shape and layout rules, but "
+        f"the run gives {' and '.join(explicit)}. Set utils.run.mesh_shape = "
+        "'auto' and utils.run.layout_rules = 'auto' with the plan (it plans "
+        "for the devices' processors; utils.run.mesh_devices lists them), or "
+        "drop utils.run.plan.")
+  return True
+
+
+def plan_run(arguments, cluster=None):
+  """Plans the run of utils.run's arguments (a dict name -> value), prints
+  the plan's table and binds and records its choices (see the module).
+
+  Returns:
+    the mtf.auto_mtf.planner.Plan.
+
+  Raises:
+    ValueError: no plan fits the budget (one paragraph: the smallest peak
+      and the choices that reach it), or the planner cannot run, saying
+      why.
+  """
+  # pylint: disable=g-import-not-at-top
+  # Imported on use, as run_auto_layout's search: a run that does not plan
+  # loads neither the planner nor the plan model.
+  from mesh_tensorflow.auto_mtf import calibration_subprocess
+  from mesh_tensorflow.auto_mtf import layout_optimizer
+  from mesh_tensorflow.auto_mtf import planner
+  from mesh_tensorflow.transformer import plan_model
+  # pylint: enable=g-import-not-at-top
+  a = arguments
+  if a["optimizer"] is None:
+    raise ValueError("utils.run.plan = 'auto' plans the training graph, in "
+                     "every mode: it needs utils.run.optimizer.")
+  num_processors = run_devices.processor_count(a["mesh_devices"], cluster)
+  settings = run_auto_layout.search_settings()
+  budget = settings["memory_budget"]
+  asked = (f"utils.run.plan = 'auto' on {num_processors} processors with "
+           f"auto_layout.memory_budget = {budget!r}")
+  model = plan_model.TransformerPlanModel.from_run_arguments(a)
+  try:
+    chosen = planner.plan(
+        model, num_processors, memory_budget=budget,
+        machine=settings["machine"],
+        max_mesh_shape_dimensions=settings["max_mesh_shape_dimensions"],
+        allow_uneven=a["allow_uneven_splits"],
+        quick_calibration=settings["quick_calibration"])
+  except planner.PlanError as e:
+    raise ValueError(f"{asked}: {e}") from e
+  except calibration_subprocess.CalibrationError as e:
+    raise ValueError(
+        f"{asked}: the planner needs this machine's constants, and "
+        f"measuring them failed: {e.reason}. To fix it, run `{e.command}` "
+        "(it measures them once and caches them), or give the machine's "
+        "constants in auto_layout.machine (a JSON file of "
+        "mtf.auto_mtf.machine.MachineConstants).") from e
+  except (layout_optimizer.SolverError, ImportError) as e:
+    raise ValueError(f"{asked}: the planner failed: {e}") from e
+  table = chosen.table()
+  logging.info("%s", table)
+  print(table, flush=True)
+  bind_plan(chosen)
+  return chosen
+
+
+def run_values(plan):
+  """utils.run's arguments the plan sets: {name: value as gin gives it}."""
+  return {"mesh_shape": run_auto_layout.mesh_shape_string(plan.mesh_shape),
+          "layout_rules": plan.layout_rules.to_string,
+          "shard_weight_update": plan.zero != "none",
+          "shard_parameters": plan.zero == "parameters"}
+
+
+def stack_bindings(plan):
+  """The plan's other settings: gin binding lines (the layer stacks')."""
+  lines = []
+  for key, value in plan.settings.items():
+    selector, _, name = key.rpartition(".")
+    if name in _RUN_SETTINGS and selector in ("", "run", "utils.run", _RUN):
+      continue  # utils.run's own (run_values).
+    text = value if isinstance(value, str) else repr(value)
+    lines.append(f"{key} = {text}")
+  return lines
+
+
+def bind_plan(plan):
+  """Binds the plan in the current gin scope: the layer stacks' bindings
+  (read when the model is built, and so recorded as operative), and
+  utils.run's values, recorded in the operative config in place of the
+  "auto" (and plan) that utils.run was given."""
+  scope = gin.current_scope_str()
+  prefix = f"{scope}/" if scope else ""
+  values = run_values(plan)
+  with gin.unlock_config():
+    gin.parse_config([prefix + line for line in stack_bindings(plan)])
+    for name, value in dict(values, plan=None).items():
+      gin.bind_parameter(f"{prefix}{_RUN}.{name}", value)
+  run_auto_layout._record_operative(  # pylint: disable=protected-access
+      scope, _RUN, dict(values, plan=None))
+  logging.info("plan: utils.run %s; gin %s", values, stack_bindings(plan))
+
