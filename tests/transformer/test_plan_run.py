@@ -2,10 +2,9 @@
 
 The tiny Bitransformer (one block per stack) plans itself for 2 mesh
 devices with given machine constants (nothing is measured) within a
-memory budget, prints the
-plan's table, trains two steps with the plan's settings and records them
-in operative_config.gin; rerun from that config alone it repeats the plan
-without planning, with the same losses. A budget nothing fits, and a plan
+memory budget, prints the plan's table, trains two steps with the plan's
+settings and records them in operative_config.gin; rerun from that config
+alone it repeats the plan without planning, with the same losses. A budget nothing fits, and a plan
 with explicit mesh shape or rules, end the binary with one paragraph.
 """
 
@@ -61,8 +60,10 @@ class _Calls:
 def _run(model_dir, *params, files=test_main.GIN_FILES):
   with pytest.MonkeyPatch.context() as patch:
     calls = _Calls(patch)
-    printed, losses = test_auto_layout_run._train(  # pylint: disable=protected-access
-        model_dir, *params, files=files)
+    # pylint: disable=protected-access
+    printed, losses = test_auto_layout_run._train(model_dir, *params,
+                                                  files=files)
+    # pylint: enable=protected-access
   return dict(printed=printed, losses=losses, calls=calls, dir=model_dir)
 
 

@@ -4,8 +4,9 @@
 extensions); `resolve` turns them into what the run uses: the mesh shape
 and layout rules (with layout_rules "auto" the layout search's choice, see
 run_auto_layout; with plan "auto" the run planner's, which also sets the
-sharding and the layer stacks' structure, see run_plan), the devices, the batch size in sequences, the steps and the learning-rate
-schedule with its total steps bound. The estimator is built from the
+sharding and the layer stacks' structure, see run_plan), the devices,
+the batch size in sequences, the steps and the learning-rate schedule
+with its total steps bound. The estimator is built from the
 ResolvedRun (`estimator_arguments`) and the mode drivers (run_modes) take
 it: nothing reads utils.run's gin values again, and run is called once.
 """
