@@ -66,6 +66,14 @@ COVERAGE = {
         f"{PROGRAMS}::test_error_message_example_is_the_real_one"],
     "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [
         "tests/bert/test_readme_commands.py::test_readme_bert_commands"],
+    "--gin_param=\"utils.run.plan = 'auto'\" \\": [
+        "tests/transformer/test_plan_run.py::"
+        "test_planned_run_trains_with_the_plan_and_records_it",
+        f"{PROGRAMS}::test_plan_command_plans_without_devices "
+        "(on the tiny model and 2 processors: T5-11B on 512 takes minutes "
+        "here)"],
+    "plan = mtf.auto_mtf.plan(model, 8, memory_budget=1 << 30)": [
+        f"{PROGRAMS}::test_plan_fragment_prints_the_plan"],
     "mesh_tensorflow/        the package": [
         f"{PROGRAMS}::test_repository_layout_names_real_paths"],
 }

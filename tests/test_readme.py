@@ -386,6 +386,39 @@ print(json.dumps({
   assert len(list(cache.glob("machine_*"))) == 1, list(cache.iterdir())
 
 
+def test_plan_fragment_prints_the_plan(tmp_path):
+  """The library call plans the tiny model (on 2 processors, for time) and
+  prints its table; the settings that run it are gin."""
+  code = block("plan = mtf.auto_mtf.plan(model, 8, memory_budget=1 << 30)")
+  code = readme_testing.replace_once(
+      code, "mtf.auto_mtf.plan(model, 8,", "mtf.auto_mtf.plan(model, 2,")
+  code = readme_testing.replace_once(code, "batch_size=32", "batch_size=4")
+  result = readme_testing.run_python(
+      tmp_path, "import mesh_tensorflow as mtf\n" + code +
+      "\nprint('SETTINGS', sorted(plan.settings))\n")
+  assert "Plan: " in result.stdout and "next best:" in result.stdout
+  assert "'layout_rules'" in result.stdout, result.stdout
+
+
+def test_plan_command_plans_without_devices(tmp_path):
+  """The README's plan command, on the tiny model and 2 processors (T5-11B
+  on 512 takes minutes here): a table, within the budget."""
+  (command,) = [line for line in block(
+      "--gin_param=\"utils.run.plan = 'auto'\" \\").replace(
+          "\\\n", " ").splitlines()
+                if line.startswith("python -m mesh_tensorflow.auto_mtf.plan")]
+  command = readme_testing.replace_once(
+      command, "--gin_file=models/t5_11b.gin",
+      "--gin_file=models/lm_base.gin --gin_file=models/tiny.gin "
+      "--batch_size=4 --sequence_length=8 --vocab_size=64")
+  command = readme_testing.replace_once(command, "--num_processors=512",
+                                        "--num_processors=2")
+  result = readme_testing.run(
+      tmp_path, [sys.executable] + shlex.split(command)[1:])
+  assert "Plan: " in result.stdout, result.stdout
+  assert "budget 16.00 GiB/processor" in result.stdout
+
+
 def test_sharding_fragment_trains_like_unsharded(tmp_path):
   """ZeRO-1/2 as written, ZeRO-3 as the comment offers instead, and no
   sharding: five Adafactor steps of the README MLP give the same losses,

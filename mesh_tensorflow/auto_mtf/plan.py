@@ -70,6 +70,9 @@ def _define_flags():
                        "sequences per batch (default: the gin's).")
   flags.DEFINE_integer("sequence_length", None,
                        "tokens per sequence (default: the gin's).")
+  flags.DEFINE_integer("vocab_size", None,
+                       "vocabulary size (default: the gin's vocabulary, or "
+                       "its macro vocab_size).")
   flags.DEFINE_integer("max_mesh_shape_dimensions", 2,
                        "the most mesh dimensions besides 'stage'.")
   flags.DEFINE_bool("allow_uneven", False, "also plan padded splits.")
@@ -92,7 +95,7 @@ def main(argv):
             if f.memory_per_processor else None)
   model = plan_model.TransformerPlanModel.from_gin(
       f.gin_file, f.gin_param, batch_size=f.batch_size,
-      sequence_length=f.sequence_length)
+      sequence_length=f.sequence_length, vocab_size=f.vocab_size)
   constants = machine_lib.machine_constants(_machine_path(f.machine))
   try:
     result = planner.plan(model, f.num_processors, memory_budget=budget,
