@@ -252,6 +252,11 @@ def plan(model, num_processors, memory_budget=None, machine=None,
   fitting = sorted((c for c in search.candidates if c.fits),
                    key=lambda c: (c.search_seconds, c.peak))
   if not fitting:
+    if not search.candidates and search.unbuildable:
+      raise PlanError(
+          f"no structure of {type(model).__name__} can be built: " +
+          "; ".join(f"{s.describe()}: {why}"
+                    for s, why in search.unbuildable))
     raise PlanError(_no_fit_message(search.candidates, memory_budget,
                                     num_processors))
   chosen = None
@@ -269,7 +274,8 @@ def plan(model, num_processors, memory_budget=None, machine=None,
         f"{len(fitting[:finalists])} fastest candidates fit by its "
         "estimate but not as built with their sharding. Raise the budget.")
   report = SearchReport(
-      structures=len(structures), mesh_shapes=search.mesh_shapes,
+      structures=len(structures) - len(search.unbuildable),
+      mesh_shapes=search.mesh_shapes,
       solved=search.solved, pruned=search.pruned,
       infeasible=sum(1 for c in search.candidates
                      if not c.fits and c.smallest_peak is not None),
@@ -305,13 +311,21 @@ class _Search:
     self._uneven = allow_uneven
     self._quick = quick_calibration
     self.candidates = []
+    self.unbuildable = []  # (Structure, why) of structures build() refused.
     self.mesh_shapes = 0
     self.solved = 0
     self.pruned = 0
     self._best = None  # The least search time of a fitting candidate.
 
   def add_structure(self, structure):
-    graph, outputs = _build(self._model, structure)
+    try:
+      graph, outputs = _build(self._model, structure)
+    except ValueError as e:
+      # E.g. a pipelined stack whose layers add auxiliary losses: this
+      # structure does not exist for the model; the others may.
+      logging.warning("plan: %s cannot be built: %s", structure.describe(), e)
+      self.unbuildable.append((structure, str(e)))
+      return
     for mesh_shape in mesh_shapes(self._n, structure.stages, self._max_dims):
       self.mesh_shapes += 1
       self._add_mesh_shape(structure, graph, outputs, mesh_shape)

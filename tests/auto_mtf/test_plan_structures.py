@@ -85,3 +85,23 @@ def test_pipelined_time_has_its_bubble():
   assert step_time.bubble > 0
   assert step_time.bubble < step_time.compute
   assert memory.parameters > 0
+
+
+class _NoPipelines(dense_stack_model.DenseStackModel):
+  """A model whose pipelined structures cannot be built (as a stack whose
+  layers add auxiliary losses)."""
+
+  def build(self, structure, zero="none", mesh_shape=None,
+            layout_rules=None):
+    if structure.pipelined:
+      raise ValueError("auxiliary losses are not pipelined")
+    return super().build(structure, zero, mesh_shape, layout_rules)
+
+
+def test_structures_a_model_cannot_build_are_skipped():
+  model = _NoPipelines(num_layers=2, batch=16, io=8, hidden=64)
+  result = mtf.auto_mtf.plan(model, 2, machine=MACHINE, max_alternatives=50)
+  assert not result.structure.pipelined
+  assert not any(a.structure.pipelined for a in result.alternatives)
+  plain = [s for s in model.structures(2) if not s.pipelined]
+  assert result.search.structures == len(plain)
