@@ -21,8 +21,9 @@ gin scope the binary builds it in ("encoder/", "decoder/"; none for a
 single stack).
 
 The model keeps its own gin configuration (binary/gin_state): the caller's
-at construction, or parsed from files (`from_gin`, for planning a machine
-you do not have: no devices and no TF variables, only the mtf graph). Each
+at construction, or parsed from files (plan_gin.from_gin, for planning a
+machine you do not have: no devices and no TF variables, only the mtf
+graph). Each
 build installs it with the structure's bindings and puts the caller's
 back, so nothing leaks into the run's configuration or its operative
 config.
@@ -30,7 +31,6 @@ config.
 
 import contextlib
 import gc
-import inspect
 
 import tensorflow as tf
 
@@ -146,10 +146,6 @@ class TransformerPlanModel(plan_space.PlanModel):
     """The plan model of utils.run's arguments (a dict name -> value, as
     run_resolution.resolve takes them); batch_size and sequence_length
     default to theirs (a batch size that does not depend on the layout)."""
-    # pylint: disable=g-import-not-at-top
-    # On use: run_resolution may plan with this module.
-    from mesh_tensorflow.transformer.binary import run_resolution
-    # pylint: enable=g-import-not-at-top
     a = arguments
     if sequence_length is None:
       sequence_length = a["sequence_length"]
@@ -167,58 +163,12 @@ class TransformerPlanModel(plan_space.PlanModel):
         model_type=a["model_type"], batch_size=batch_size,
         sequence_length=sequence_length, vocabulary=a["vocabulary"],
         optimizer=a["optimizer"],
-        learning_rate_schedule=run_resolution.bind_learning_rate_schedule(
+        learning_rate_schedule=run_settings.bind_learning_rate_schedule(
             a["learning_rate_schedule"], a["total_run_steps"] or train_steps),
         train_dataset_fn=a.get("train_dataset_fn"),
         ensemble_inputs=a.get("ensemble_inputs"),
         autostack=a.get("autostack", True),
         variable_filter=a.get("variable_filter"), gin_state=gin_state)
-
-  @classmethod
-  def from_gin(cls, gin_files, gin_params=(), batch_size=None,
-               sequence_length=None, vocab_size=None):
-    """The plan model of gin files and bindings, as the binary would parse
-    them (defaults.gin first; files looked up as given, then among the
-    shipped ones), without devices, data or TF variables: the features are
-    those the model type needs, and the vocabulary is utils.run's if it
-    can be built, else `vocab_size` or the gin macro `vocab_size`.
-
-    Gin's own configuration is left as it was.
-
-    Args:
-      gin_files: gin file names or paths.
-      gin_params: gin binding lines.
-      batch_size: sequences per batch (default utils.run.batch_size, if it
-        does not depend on the layout).
-      sequence_length: an int or a dict (default utils.run's).
-      vocab_size: the vocabulary's size, in place of utils.run.vocabulary.
-    """
-    # pylint: disable=g-import-not-at-top
-    # On use: utils imports the whole binary.
-    from mesh_tensorflow.transformer import utils
-    # pylint: enable=g-import-not-at-top
-    folders = [utils.gin_dir()]
-    files = [utils.find_gin_file("defaults.gin", folders)] + [
-        utils.find_gin_file(name, folders) for name in gin_files]
-    state = gin_state_lib.GinState.parse(files, gin_params,
-                                         search_paths=folders)
-    defaults = {name: p.default for name, p in
-                inspect.signature(utils.run).parameters.items()}
-    names = ("model_type", "sequence_length", "batch_size", "optimizer",
-             "learning_rate_schedule", "train_steps", "total_run_steps",
-             "ensemble_inputs", "autostack", "variable_filter")
-    arguments = {name: state.query(f"utils.run.{name}", defaults[name])
-                 for name in names}
-    if vocab_size is None:
-      arguments["vocabulary"] = _gin_vocabulary(state)
-    else:
-      arguments["vocabulary"] = vocab_size
-    if sequence_length is None and not isinstance(
-        arguments["sequence_length"], (int, dict)):
-      raise ValueError("TransformerPlanModel.from_gin: give sequence_length "
-                       "(utils.run.sequence_length is not bound).")
-    return cls.from_run_arguments(arguments, batch_size, sequence_length,
-                                  gin_state=state)
 
   @property
   def num_layers(self):
@@ -388,22 +338,3 @@ def _fixed_batch_size(sequence_length, batch_size):
         "utils.run.batch_size to an int, ('sequences_per_batch', n) or "
         "('tokens_per_batch', n).")
   return run_auto_layout.fixed_batch_size(sequence_length, batch_size)
-
-
-def _gin_vocabulary(state):
-  """utils.run.vocabulary of a GinState, else the macro vocab_size."""
-  error = None
-  try:
-    vocabulary = state.query("utils.run.vocabulary")
-  except Exception as e:  # pylint: disable=broad-except
-    # E.g. a SentencePiece model that is not on this machine.
-    vocabulary, error = None, e
-  if vocabulary is not None:
-    return vocabulary
-  size = state.query("vocab_size/gin.macro.value")
-  if size is None:
-    raise ValueError(
-        "TransformerPlanModel.from_gin: no vocabulary: utils.run.vocabulary "
-        + (f"failed ({error}) " if error else "is not bound ")
-        + "and there is no gin macro vocab_size; give vocab_size.")
-  return size

@@ -88,12 +88,14 @@ def main(argv):
     # this command is for (-v 0 shows them).
     logging.set_verbosity(logging.WARNING)
   # pylint: disable=g-import-not-at-top
+  # On use: importing the package (mtf.auto_mtf.plan) loads neither TF's
+  # devices (machine) nor the Transformer (plan_gin).
   from mesh_tensorflow.auto_mtf import machine as machine_lib
-  from mesh_tensorflow.transformer import plan_model
+  from mesh_tensorflow.transformer import plan_gin  # (the same)
   # pylint: enable=g-import-not-at-top
   budget = (parse_bytes(f.memory_per_processor)
             if f.memory_per_processor else None)
-  model = plan_model.TransformerPlanModel.from_gin(
+  model = plan_gin.from_gin(
       f.gin_file, f.gin_param, batch_size=f.batch_size,
       sequence_length=f.sequence_length, vocab_size=f.vocab_size)
   constants = machine_lib.machine_constants(_machine_path(f.machine))
@@ -113,6 +115,7 @@ def main(argv):
 def _machine_path(name):
   """A shipped machine's file for its name, else the name as given."""
   # pylint: disable=g-import-not-at-top
+  # On use, as in main.
   from mesh_tensorflow.auto_mtf import machine as machine_lib
   # pylint: enable=g-import-not-at-top
   shipped = getattr(machine_lib, "shipped_machine_path", None)

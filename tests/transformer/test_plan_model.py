@@ -15,6 +15,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import plan_space
 from mesh_tensorflow.strategies import data_parallel_sharding
+from mesh_tensorflow.transformer import plan_gin
 from mesh_tensorflow.transformer import plan_model
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer.binary import gin_state
@@ -29,7 +30,7 @@ BATCH = 2
 
 
 def _model(gin_file):
-  return plan_model.TransformerPlanModel.from_gin(
+  return plan_gin.from_gin(
       [gin_file], TINY, batch_size=BATCH, sequence_length=4, vocab_size=16)
 
 

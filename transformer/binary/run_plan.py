@@ -70,10 +70,10 @@ def plan_run(arguments, cluster=None):
   # pylint: disable=g-import-not-at-top
   # Imported on use, as run_auto_layout's search: a run that does not plan
   # loads neither the planner nor the plan model.
-  from mesh_tensorflow.auto_mtf import calibration_subprocess
-  from mesh_tensorflow.auto_mtf import layout_optimizer
-  from mesh_tensorflow.auto_mtf import planner
-  from mesh_tensorflow.transformer import plan_model
+  from mesh_tensorflow.auto_mtf import calibration_subprocess  # (on use)
+  from mesh_tensorflow.auto_mtf import layout_optimizer  # (on use)
+  from mesh_tensorflow.auto_mtf import planner  # (on use)
+  from mesh_tensorflow.transformer import plan_model  # (on use)
   # pylint: enable=g-import-not-at-top
   a = arguments
   if a["optimizer"] is None:

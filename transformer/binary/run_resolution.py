@@ -12,14 +12,12 @@ it: nothing reads utils.run's gin values again, and run is called once.
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer.binary import run_auto_layout
 from mesh_tensorflow.transformer.binary import run_devices
 from mesh_tensorflow.transformer.binary import run_model_fn
@@ -203,7 +201,7 @@ def resolve(arguments):
   train_steps = a["train_steps"]
   if not isinstance(train_steps, int):
     train_steps = train_steps(batch_size, sequence_length)
-  learning_rate_schedule = bind_learning_rate_schedule(
+  learning_rate_schedule = run_settings.bind_learning_rate_schedule(
       a["learning_rate_schedule"], a["total_run_steps"] or train_steps)
   for name, value in (("model_type", a["model_type"]), ("mode", a["mode"]),
                       ("sequence_length", sequence_length),
@@ -229,19 +227,6 @@ def resolve(arguments):
       ensemble_inputs=a["ensemble_inputs"] if a["mode"] == "train" else None,
       train_hooks=tuple(a["train_hooks"] or ()),
       **{name: a[name] for name in _AS_GIVEN})
-
-
-def bind_learning_rate_schedule(learning_rate_schedule, train_steps):
-  """A float, or a function of `step` with total_train_steps bound (a list
-  of factors: their product)."""
-  if isinstance(learning_rate_schedule, (list, tuple)):
-    learning_rate_schedule = functools.partial(
-        learning_rate_schedules.product_learning_rate,
-        factors=list(learning_rate_schedule))
-  if callable(learning_rate_schedule):
-    return functools.partial(learning_rate_schedule,
-                             total_train_steps=train_steps)
-  return learning_rate_schedule
 
 
 def make_model_fn(model_type, vocabulary, mesh_shape, layout_rules,
@@ -283,7 +268,7 @@ def _search_layout(a, sequence_length, cluster):
       mesh_shape=None if isinstance(searched, int) else searched,
       layout_rules=None, batch_size=batch_size,
       sequence_length=sequence_length,
-      learning_rate_schedule=bind_learning_rate_schedule(
+      learning_rate_schedule=run_settings.bind_learning_rate_schedule(
           a["learning_rate_schedule"], a["total_run_steps"] or train_steps),
       ensemble_inputs=a["ensemble_inputs"], score_in_predict_mode=False,
       autostack=a["autostack"], optimizer=a["optimizer"],

@@ -14,11 +14,14 @@ and SPMD programs gather bfloat16 as float32 (`simd_collectives`: TF's
 all-gather lacks bfloat16).
 """
 
+import functools
+
 from absl import logging
 import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import transformer
 
 _GIN_MODULE = "mesh_tensorflow.transformer.utils"
@@ -308,3 +311,16 @@ def auto_train_steps(batch_size, sequence_length, train_tokens=2 ** 36):
 def variable_filter_max_size(v, max_size=1e7):
   """A `variable_filter`: train only variables of at most max_size values."""
   return v.size <= max_size
+
+
+def bind_learning_rate_schedule(learning_rate_schedule, train_steps):
+  """A float, or a function of `step` with total_train_steps bound (a list
+  of factors: their product)."""
+  if isinstance(learning_rate_schedule, (list, tuple)):
+    learning_rate_schedule = functools.partial(
+        learning_rate_schedules.product_learning_rate,
+        factors=list(learning_rate_schedule))
+  if callable(learning_rate_schedule):
+    return functools.partial(learning_rate_schedule,
+                             total_train_steps=train_steps)
+  return learning_rate_schedule
