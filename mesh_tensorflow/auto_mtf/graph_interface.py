@@ -240,21 +240,13 @@ class GraphInterface(object):
       a list of frozensets of tensor names, the i-th while schedule[i]
       runs.
     """
-    readers_left = self._count_readers()
     in_memory = set()
     contents = []
-    for op_id in schedule:
-      op_name = self._operations[op_id].name
-      outputs = list(self.get_operation_output_names(op_name))
-      in_memory.update(outputs)
+    for allocated, freed in self.compute_memory_deltas_under_schedule(
+        schedule):
+      in_memory.difference_update(freed)
+      in_memory.update(allocated)
       contents.append(frozenset(in_memory))
-      for name in outputs:
-        if readers_left[name] == 0:
-          in_memory.discard(name)
-      for name in self.get_operation_input_names(op_name):
-        readers_left[name] -= 1
-        if readers_left[name] == 0:
-          in_memory.discard(name)
     return contents
 
   def compute_memory_deltas_under_schedule(self, schedule):
