@@ -43,10 +43,6 @@ COVERAGE = {
         f"{PROGRAMS}::test_transformer_example_learns_the_sentence"],
     "BIN=\"python -m mesh_tensorflow.transformer.main": [
         f"{BINARY}::test_binary_steps_by_hand"],
-    "dataset.untokenized_tfds_dataset.dataset_name = 'wmt14_translate/de-en'":
-        [f"{BINARY}::test_translation_from_tfds_with_sentencepiece"],
-    "dataset.simple_text_line_dataset.glob = '/data/train.tsv'": [
-        f"{BINARY}::test_tsv_file_seeded_then_sharded"],
     "rules = mtf.auto_mtf.layout(graph, \"b:2;m:4\", [loss])": [
         f"{PROGRAMS}::test_auto_mtf_fragment_searches_and_caches"],
     "mtf.shard_data_parallel(mesh, mesh_shape, layout_rules)  # ZeRO-1/2": [
@@ -64,8 +60,6 @@ COVERAGE = {
         f"{PROGRAMS}::test_split_dimension_example_slices_and_pads"],
     "IndivisibleError: Tensor import:0": [
         f"{PROGRAMS}::test_error_message_example_is_the_real_one"],
-    "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [
-        "tests/bert/test_readme_commands.py::test_readme_bert_commands"],
     "--gin_param=\"utils.run.plan = 'auto'\" \\": [
         "tests/transformer/test_plan_run.py::"
         "test_planned_run_trains_with_the_plan_and_records_it",
@@ -74,20 +68,31 @@ COVERAGE = {
         "here)"],
     "plan = mtf.auto_mtf.plan(model, 8, memory_budget=1 << 30)": [
         f"{PROGRAMS}::test_plan_fragment_prints_the_plan"],
-    "mesh_tensorflow/        the package": [
-        f"{PROGRAMS}::test_repository_layout_names_real_paths"],
 }
 
 # Blocks that moved from the README to a file of docs/, which the tests
 # still run: file -> {a line only that block of the file holds: tests}.
 DOCS_COVERAGE = {
+    "docs/bert.md": {
+        "python -m mesh_tensorflow.bert.example_data --output_dir=$D": [
+            "tests/bert/test_readme_commands.py::test_readme_bert_commands"],
+    },
     "docs/pipeline.md": {
         "with mtf.stack_layer_variables(mtf.Dimension(\"stage\", 4), names):": [
             f"{PROGRAMS}::test_layer_stacked_variables_fragment"],
     },
+    "docs/repository_layout.md": {
+        "mesh_tensorflow/        the package": [
+            f"{PROGRAMS}::test_repository_layout_names_real_paths"],
+    },
     "docs/transformer_binary.md": {
         "dataset.untokenized_tfds_dataset.dataset_name = 'lm1b'": [
             f"{BINARY}::test_language_model_from_tfds"],
+        "dataset.untokenized_tfds_dataset.dataset_name = "
+        "'wmt14_translate/de-en'": [
+            f"{BINARY}::test_translation_from_tfds_with_sentencepiece"],
+        "dataset.simple_text_line_dataset.glob = '/data/train.tsv'": [
+            f"{BINARY}::test_tsv_file_seeded_then_sharded"],
     },
 }
 

@@ -196,12 +196,12 @@ def test_make_demo(tmp_path):
 
 
 def test_tsv_file_seeded_then_sharded(tmp_path):
-  """The README's TSV lines with its seed and `utils.run.shard_weight_update
-  = True` for 10 steps, then continued to 20 with `utils.run.
-  shard_parameters = True` (sharded and unsharded checkpoints restore each
-  other). Orthogonal settings share runs to save the suite's time; that two
-  seeded runs repeat their losses is tests/transformer/test_seeded_run.py's
-  test."""
+  """The TSV lines of docs/transformer_binary.md with the README's seed and
+  `utils.run.shard_weight_update = True` for 10 steps, then continued to
+  20 with `utils.run.shard_parameters = True` (sharded and unsharded
+  checkpoints restore each other). Orthogonal settings share runs to save
+  the suite's time; that two seeded runs repeat their losses is
+  tests/transformer/test_seeded_run.py's test."""
   (tmp_path / "data").mkdir()
   (tmp_path / "data" / "train.tsv").write_text(
       "".join(f"{a}+{b}\t{a + b}\n" for a in range(10) for b in range(10)))
@@ -238,8 +238,7 @@ def test_translation_from_tfds_with_sentencepiece(tmp_path):
 
 
 def test_language_model_from_tfds(tmp_path):
-  """The lm1b lines the README's "Other data" leaves to
-  docs/transformer_binary.md."""
+  """The lm1b lines of docs/transformer_binary.md's "Other data"."""
   _sentencepiece_model(tmp_path / "data")
   result = _binary(tmp_path, *_flags(
       "dataset.untokenized_tfds_dataset.dataset_name = 'lm1b'", tmp_path),

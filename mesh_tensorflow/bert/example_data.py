@@ -4,7 +4,7 @@ A WordPiece vocabulary of lower-case words, a few "##" continuation
 pieces, punctuation and the special tokens, and tiny model configurations
 (Google's JSON keys). Pretraining, the classifier and SQuAD share the
 vocabulary, so a classifier fine-tunes from a pretraining checkpoint. The
-README's BERT commands and the tests run on these.
+BERT commands of docs/bert.md and the tests run on these.
 """
 
 import json
@@ -216,7 +216,7 @@ def write_squad(path, num_articles=100, seed=0):
 
 
 def write_all(output_dir, seed=0):
-  """Everything the README's BERT commands read, under output_dir:
+  """Everything the BERT commands of docs/bert.md read, under output_dir:
   vocab.txt, bert_config.json, corpus.txt, MRPC/{train,dev,test}.tsv,
   squad/train.json and squad/dev.json. Returns {name: path}."""
   os.makedirs(output_dir, exist_ok=True)

@@ -1,6 +1,6 @@
 """The BERT tests' vocabulary and tiny configs: the package's example data.
 
-`mesh_tensorflow.bert.example_data` generates what the README's BERT
+`mesh_tensorflow.bert.example_data` generates what docs/bert.md's BERT
 commands run on; the tests use the same vocabulary and configurations.
 """
 

@@ -1,10 +1,10 @@
-"""The README's BERT commands, run as a new user would, at a small size.
+"""The BERT commands of docs/bert.md, run as a new user would, at a small size.
 
 The block goes through bash as written (example data, pretraining
 records, pretraining, MRPC and SQuAD fine-tuning from the pretraining
 checkpoint, on the meshes it names), with its folder in tmp_path and its
 step counts cut: this checks that every command and flag works and writes
-what the README says, not how well the model learns (tests/bert/
+what docs/bert.md says, not how well the model learns (tests/bert/
 test_run_*.py do that).
 """
 
