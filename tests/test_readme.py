@@ -541,17 +541,18 @@ def test_uneven_split_example_prints_padded_slices(capsys):
 
 def test_split_dimension_example_slices_and_pads(capsys):
   """The example's figures are the lowering's: a padded 100 over 8 and
-  the receives the README quotes."""
+  the receives docs/layouts.md (where the README sends it) quotes."""
   code = block('moved = mtf.pad(head, [28, 0], "length")')
   scope = {"mtf": mtf, "np": np}
-  exec(compile(code, "README.md", "exec"), scope)  # pylint: disable=exec-used
+  exec(compile(code, "docs/layouts.md", "exec"),  # pylint: disable=exec-used
+       scope)
   shape, counters = capsys.readouterr().out.strip().splitlines()
   assert shape == "[13, 4]"
   counters = ast.literal_eval(counters)
   assert counters == {"comm/receive/all/calls": 4,
                       "comm/receive/all/bytes": 5120,
                       "comm/receive/all/wire_bytes": 3504}
-  text = " ".join(readme_testing.readme_text().split())
+  text = " ".join((ROOT / "docs" / "layouts.md").read_text().split())
   assert "send 3,504 bytes over the wire in 4 receives" in text
   x = scope["x"]
   moved = scope["lowering"].export_to_tf_tensor(scope["moved"]).numpy()
