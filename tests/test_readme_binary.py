@@ -253,9 +253,9 @@ def test_language_model_from_tfds(tmp_path):
 
 
 def test_pipelined_bitransformer_gin_lines(tmp_path):
-  """The README's PipelinedLayerStack lines as a gin file, then the run
-  continued with the option they offer instead of recompute_grads: an
-  encoder-decoder of 4 layers per stack, 1 per stage.
+  """The PipelinedLayerStack lines of docs/pipeline.md as a gin file, then
+  the run continued with the option they offer instead of recompute_grads:
+  an encoder-decoder of 4 layers per stack, 1 per stage.
 
   Besides SMALL, one override: 2 micro-batches, not 16. With 16 (and a
   batch of 32 sequences, 2 per micro-batch and processor) the 19
