@@ -275,13 +275,24 @@ class TransformerPlanModel(plan_space.PlanModel):
           learning_rate_schedule=self._learning_rate_schedule,
           optimizer=self._optimizer, variable_filter=self._variable_filter,
           ensemble_inputs=self._ensemble_inputs)
-      features = {k: tf.zeros(shape, tf.int32)
-                  for k, shape in self._feature_shapes.items()}
+      features = self.feature_values()
       graph, loss = model_fn.training_graph(
           features, mesh_shape=mesh_shape, layout_rules=layout_rules,
           shard_weight_update=shard_weight_update,
           shard_parameters=shard_parameters)
     return graph, [loss]
+
+  def feature_values(self):
+    """The training batch the graph is built on: zeros (the planner prices
+    shapes only). A subclass that runs the graph and compares its losses
+    gives tokens here."""
+    return {k: tf.zeros(shape, tf.int32)
+            for k, shape in self._feature_shapes.items()}
+
+  @property
+  def feature_shapes(self):
+    """{feature name: [rows, length]} of the training batch."""
+    return dict(self._feature_shapes)
 
   def _build_model(self):
     """The Transformer of the installed gin configuration."""
