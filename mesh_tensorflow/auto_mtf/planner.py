@@ -469,8 +469,10 @@ def _alternatives(chosen, candidates, memory_budget, limit):
     key = (c.structure, _mesh_string(c.mesh_shape))
     if key == (chosen.structure, _mesh_string(chosen.mesh_shape)):
       key += (c.zero,)
-    if c.fits:
+    if c.fits and not _over_once_priced(c, memory_budget):
       order = (0, _seconds(c), c.peak)
+    elif c.fits:
+      order = (1, c.exact[1].total, 0)
     elif c.smallest_peak is not None:
       order = (1, c.smallest_peak, 0)
     else:
@@ -492,9 +494,19 @@ def _alternative(candidate, chosen, memory_budget):
   seconds = _seconds(candidate)
   peak = (candidate.exact[1].total if candidate.exact is not None
           else candidate.peak)
+  reason = (f"does not fit once priced on the graph it runs: over the "
+            f"budget of {_bytes_text(memory_budget)}"
+            if _over_once_priced(candidate, memory_budget) else
+            _slower_reason(candidate, chosen))
   return Alternative(candidate.structure, candidate.zero, mesh,
-                     candidate.layout, seconds, peak,
-                     _slower_reason(candidate, chosen))
+                     candidate.layout, seconds, peak, reason)
+
+
+def _over_once_priced(candidate, memory_budget):
+  """Whether a candidate the search fitted is over the budget as priced
+  exactly (with its sharding)."""
+  return (memory_budget is not None and candidate.exact is not None and
+          candidate.exact[1].total > memory_budget)
 
 
 def _seconds(candidate):
