@@ -115,7 +115,9 @@ def _mesh_size():
 
 def _split_cpu_early():
   """Splits the CPU for the mesh before anything starts TensorFlow's
-  devices (utils.run checks again, for meshes gin computes)."""
+  devices (utils.run checks again, for meshes gin computes). With
+  utils.run.plan = 'auto' an explicit mesh shape's processor count is what
+  the plan is for (run_plan.planned_processors): as many logical CPUs."""
   if FLAGS.tpu:
     return
   size = _mesh_size()

@@ -4,15 +4,21 @@ The tiny Bitransformer (one block per stack) plans itself for 2 mesh
 devices with given machine constants (nothing is measured) within a
 memory budget, prints the plan's table, trains two steps with the plan's
 settings and records them in operative_config.gin; rerun from that config
-alone it repeats the plan without planning, with the same losses. A budget nothing fits, and a plan
-with explicit mesh shape or rules, end the binary with one paragraph.
+alone it repeats the plan without planning, with the same losses. With an
+explicit mesh shape the plan is for its processor count; a pipelined plan
+(two blocks per stack, the structure forced) trains and reruns likewise. A
+budget nothing fits, a plan with explicit layout rules, and a mesh shape
+and mesh devices of different counts end the binary with one paragraph.
 """
 
 import gin
 import numpy as np
 import pytest
 
+from mesh_tensorflow.auto_mtf import plan_space
 from mesh_tensorflow.auto_mtf import planner
+from mesh_tensorflow.transformer import main as main_lib
+from mesh_tensorflow.transformer import plan_model
 from mesh_tensorflow.transformer.binary import run_auto_layout
 from mesh_tensorflow.transformer.binary import run_plan
 from tests.transformer import test_auto_layout_run
@@ -57,6 +63,17 @@ class _Calls:
     patch.setattr(test_main.utils, "get_estimator", get_estimator)
 
 
+# The tiny LM (one stack: cheaper than two) with two blocks (2 stages of
+# whole blocks), on an explicit mesh shape of 2 processors (the plan picks
+# their shape).
+PIPELINED = [p for p in PLAN if "mesh_" not in p] + [
+    "utils.run.mesh_shape = 'all:2'", "num_layers = 2",
+    "run.model_type = 'lm'",
+    "utils.run.train_dataset_fn = "
+    "@tests.transformer.test_auto_layout_run.lm_targets_dataset_fn"]
+STAGES = plan_space.Structure(stages=2, micro_batches=2)
+
+
 def _run(model_dir, *params, files=test_main.GIN_FILES):
   with pytest.MonkeyPatch.context() as patch:
     calls = _Calls(patch)
@@ -77,6 +94,26 @@ def runs(tmp_path_factory):
     rerun = _run(tmp_path_factory.mktemp("rerun"),
                  files=[str(planned["dir"] / "operative_config.gin")])
   return planned, rerun
+
+
+def _rerun(model_dir):
+  """A run from model_dir's operative config alone."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(test_main, "TINY", [])
+    return _run(model_dir.parent / (model_dir.name + "_rerun"),
+                files=[str(model_dir / "operative_config.gin")])
+
+
+@pytest.fixture(scope="module")
+def pipelined_runs(tmp_path_factory):
+  """A plan for utils.run.mesh_shape's processors whose structure is
+  forced to a pipeline, then a rerun from its operative config alone."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(plan_model.TransformerPlanModel, "structures",
+                  lambda self, num_processors: [STAGES])
+    planned = _run(tmp_path_factory.mktemp("pipelined"), *PIPELINED,
+                   files=test_auto_layout_run.LM_FILES)
+  return planned, _rerun(planned["dir"])
 
 
 def _operative(model_dir, names):
@@ -153,24 +190,82 @@ def test_a_budget_nothing_fits_is_one_paragraph(tmp_path, capsys):
   assert "Raise the budget" in error
 
 
-@pytest.mark.parametrize("given,named", [
-    ([], "utils.run.mesh_shape = 'batch:2;model:2' and "
-         "utils.run.layout_rules = 'batch:batch,d_ff:model,heads:model,"
-         "vocab:model'"),
-    (["utils.run.mesh_shape = 'auto'"],
-     "utils.run.layout_rules = 'batch:batch,d_ff:model,heads:model,"
-     "vocab:model'")])
-def test_plan_with_explicit_layout_is_an_error_naming_both(
-    tmp_path, capsys, given, named):
+def test_pipelined_plan_for_the_mesh_shapes_processors_trains(
+    pipelined_runs):
+  planned, _ = pipelined_runs
+  plan, = planned["calls"].plans
+  # Planned for utils.run.mesh_shape = 'all:2''s 2 processors.
+  assert plan.structure == STAGES and plan.mesh_shape.size == 2
+  assert "stage:stage" in plan.layout_rules.to_string.split(",")
+  assert "Plan: " + plan.describe() in planned["printed"]
+  estimator, = planned["calls"].estimators
+  assert estimator["mesh_shape"] == plan.mesh_shape
+  assert estimator["layout_rules"] == plan.layout_rules
+  assert len(planned["losses"]) == 2
+  assert all(np.isfinite(planned["losses"]))
+  # Read while the model was built, so recorded: the stacks were pipelined.
+  operative = _operative(planned["dir"], [
+      f"transformer.PipelinedLayerStack.{name}"
+      for name in ("num_stages", "num_microbatches")])
+  assert set(operative.values()) == {2}, operative
+
+
+def test_pipelined_rerun_from_the_operative_config_does_not_plan(
+    pipelined_runs):
+  planned, rerun = pipelined_runs
+  assert not rerun["calls"].plans
+  estimator, = rerun["calls"].estimators
+  first, = planned["calls"].estimators
+  for name in ("mesh_shape", "layout_rules", "shard_weight_update",
+               "shard_parameters"):
+    assert estimator[name] == first[name], name
+  np.testing.assert_allclose(planned["losses"], rerun["losses"],
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("given", [[], ["utils.run.mesh_shape = 'auto'"]])
+def test_plan_with_explicit_layout_rules_is_an_error_naming_them(
+    tmp_path, capsys, given):
   error = _error(tmp_path, capsys, "utils.run.plan = 'auto'", *given)
   assert error.startswith(
-      "error: ValueError: utils.run.plan = 'auto' picks the mesh shape and "
-      f"layout rules, but the run gives {named}."), error
+      "error: ValueError: utils.run.plan = 'auto' picks the layout rules, "
+      "but the run gives utils.run.layout_rules = 'batch:batch,d_ff:model,"
+      "heads:model,vocab:model' (defaults.gin gives some): set "
+      "utils.run.layout_rules = 'auto' with the plan"), error
+
+
+def test_plan_with_a_mesh_shape_and_other_mesh_devices_is_an_error(
+    tmp_path, capsys):
+  error = _error(tmp_path, capsys, *PLAN, "utils.run.mesh_shape = 'all:4'")
+  assert error.startswith(
+      "error: ValueError: utils.run.plan = 'auto' plans for the processors "
+      "of utils.run.mesh_shape = 'all:4' (4), but utils.run.mesh_devices "
+      "lists 2"), error
+
+
+def test_planned_processors():
+  assert run_plan.planned_processors("batch:2;model:4") == 8
+  assert run_plan.planned_processors("all:2", ["cpu:0", "cpu:1"]) == 2
+  assert run_plan.planned_processors("auto", ["cpu:0", "cpu:1", "cpu:2"]) == 3
+
+
+def test_the_binary_splits_the_cpu_for_a_planned_mesh_shapes_processors():
+  """main splits the CPU before TensorFlow starts into as many logical
+  devices as the plan is for."""
+  gin.clear_config()
+  try:
+    gin.parse_config(["utils.run.plan = 'auto'",
+                      "utils.run.mesh_shape = 'batch:2;model:4'",
+                      "utils.run.layout_rules = 'auto'"], skip_unknown=True)
+    assert main_lib._mesh_size() == 8  # pylint: disable=protected-access
+  finally:
+    gin.clear_config()
 
 
 def test_wants_plan():
   assert not run_plan.wants_plan(None, "b:2", "batch:b")
   assert run_plan.wants_plan("auto", "auto", " Auto ")
+  assert run_plan.wants_plan("auto", "batch:2;model:4", "auto")
   with pytest.raises(ValueError, match="must be None or 'auto', got 'yes'"):
     run_plan.wants_plan("yes", "auto", "auto")
 

@@ -4,24 +4,34 @@ The run planner (mtf.auto_mtf.plan) searches together the mesh shape, the
 layout rules, the weight-update sharding level (ZeRO) and the layer
 stacks' structure (pipeline stages, micro-batches, recomputed layers) of
 the run's own model (transformer.plan_model.TransformerPlanModel, built
-from utils.run's arguments and gin), for the processors of the run's
-devices (run_devices.processor_count), within `auto_layout.memory_budget`
+from utils.run's arguments and gin), within `auto_layout.memory_budget`
 bytes per processor (also `auto_layout.machine`, `quick_calibration` and
 `max_mesh_shape_dimensions`; the objective is always the predicted step
-time).
+time), for N processors (`planned_processors`):
+
+- utils.run.mesh_shape "auto": the run's devices (run_devices.
+  processor_count: mesh_devices, the TPU's cores, the GPUs, else the
+  logical CPUs, one unless the CPU is split);
+- an explicit mesh_shape: its processor count. The plan picks the shape
+  of that many processors (e.g. 'batch:2;model:4' plans for 8, perhaps as
+  'stage:2;mesh_0:4'); on a machine without accelerators the binary splits
+  the CPU into that many logical devices before TensorFlow starts.
+
+The plan picks the layout rules, so utils.run.layout_rules must be "auto"
+(explicit rules with a plan are an error: the plan would discard them).
 
 The plan's table is printed. Its choices are bound in gin, the layer
 stacks' bindings for the model built next, and recorded in gin's
 operative config as the values utils.run ran with (utils.run.plan None,
 the chosen mesh_shape, layout_rules, shard_weight_update and
 shard_parameters), so a rerun with that config repeats the plan without
-planning. utils.run.mesh_shape and layout_rules must then be "auto": the
-plan picks them.
+planning.
 """
 
 from absl import logging
 import gin
 
+import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer.binary import run_auto_layout
 from mesh_tensorflow.transformer.binary import run_devices
 
@@ -35,24 +45,53 @@ def wants_plan(plan, mesh_shape, layout_rules):
   """Whether the run must plan itself (utils.run.plan "auto").
 
   Raises:
-    ValueError: a plan other than None or "auto", or "auto" with an
-      explicit mesh shape or layout rules.
+    ValueError: a plan other than None or "auto", or "auto" with explicit
+      layout rules (the plan picks them; an explicit mesh shape only says
+      how many processors to plan for).
   """
+  del mesh_shape  # "auto" or a processor count (planned_processors).
   if plan is None:
     return False
   if not run_auto_layout.is_auto(plan):
     raise ValueError(f"utils.run.plan must be None or 'auto', got {plan!r}.")
-  explicit = [f"utils.run.{name} = {value!r}" for name, value in
-              (("mesh_shape", mesh_shape), ("layout_rules", layout_rules))
-              if not run_auto_layout.is_auto(value)]
-  if explicit:
+  if not run_auto_layout.is_auto(layout_rules):
     raise ValueError(
-        f"utils.run.plan = 'auto' picks the mesh shape and layout rules, but "
-        f"the run gives {' and '.join(explicit)}. Set utils.run.mesh_shape = "
-        "'auto' and utils.run.layout_rules = 'auto' with the plan (it plans "
-        "for the devices' processors; utils.run.mesh_devices lists them), or "
-        "drop utils.run.plan.")
+        f"utils.run.plan = 'auto' picks the layout rules, but the run gives "
+        f"utils.run.layout_rules = {_text(layout_rules)!r} (defaults.gin "
+        "gives some): set utils.run.layout_rules = 'auto' with the plan, or "
+        "drop utils.run.plan to run with those rules. (utils.run.mesh_shape "
+        "may stay: the plan takes its processor count and picks the shape "
+        "of that many.)")
   return True
+
+
+def planned_processors(mesh_shape, mesh_devices=None, cluster=None):
+  """N, the processors a plan is for: an explicit mesh shape's count, else
+  the devices' (run_devices.processor_count).
+
+  Raises:
+    ValueError: mesh_devices listing another number of devices than the
+      explicit mesh shape has processors.
+  """
+  if run_auto_layout.is_auto(mesh_shape):
+    return run_devices.processor_count(mesh_devices, cluster)
+  size = mtf.convert_to_shape(mesh_shape).size
+  if mesh_devices and any(mesh_devices) and len(mesh_devices) != size:
+    raise ValueError(
+        f"utils.run.plan = 'auto' plans for the processors of "
+        f"utils.run.mesh_shape = {_text(mesh_shape)!r} ({size}), but "
+        f"utils.run.mesh_devices lists {len(mesh_devices)}: give one of "
+        "them (mesh_shape 'auto' plans for the listed devices).")
+  return size
+
+
+def _text(value):
+  """A mesh shape or layout rules as gin would give it."""
+  if isinstance(value, mtf.Shape):
+    return run_auto_layout.mesh_shape_string(value)
+  if isinstance(value, mtf.LayoutRules):
+    return value.to_string
+  return value
 
 
 def plan_run(arguments, cluster=None):
@@ -79,7 +118,13 @@ def plan_run(arguments, cluster=None):
   if a["optimizer"] is None:
     raise ValueError("utils.run.plan = 'auto' plans the training graph, in "
                      "every mode: it needs utils.run.optimizer.")
-  num_processors = run_devices.processor_count(a["mesh_devices"], cluster)
+  num_processors = planned_processors(a["mesh_shape"], a["mesh_devices"],
+                                      cluster)
+  if num_processors == 1 and run_auto_layout.is_auto(a["mesh_shape"]):
+    logging.warning(
+        "utils.run.plan = 'auto' plans for 1 processor: the run has one "
+        "device. To plan for N logical CPUs of this machine, give "
+        "utils.run.mesh_shape a shape of N processors (e.g. 'all:8').")
   settings = run_auto_layout.search_settings()
   budget = settings["memory_budget"]
   asked = (f"utils.run.plan = 'auto' on {num_processors} processors with "
