@@ -43,7 +43,7 @@ import bench_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 MODELS = ("dense", "lm", "bi")
 # The tiny Transformers' gin bindings (SGD: the losses repeat exactly).
 TRANSFORMER_PARAMS = (
-    "d_model = 32", "d_ff = 128", "num_heads = 4", "d_kv = 8",
+    "d_model = 32", "d_ff = 128", "num_heads = 8", "d_kv = 4",
     "num_layers = 2", "dropout_rate = 0.0",
     "utils.run.optimizer = @optimize.SgdOptimizer",
     "utils.run.learning_rate_schedule = 0.1")
@@ -152,9 +152,16 @@ def predicted_memory(model, mesh_shape, layout_rules, zero="none",
 
 def smallest_plain(model, layouts):
   """(peak bytes, mesh, rules) of the plain layout with the smallest
-  predicted peak."""
-  return min((predicted_memory(model, mesh, rules).total, mesh, rules)
-             for mesh, rules in layouts)
+  predicted peak (layouts that do not divide the model's sizes left
+  out)."""
+  mtf = _mtf()
+  peaks = []
+  for mesh, rules in layouts:
+    try:
+      peaks.append((predicted_memory(model, mesh, rules).total, mesh, rules))
+    except mtf.IndivisibleError as e:
+      bench_util.log(f"{mesh} [{rules}]: {e}")
+  return min(peaks)
 
 
 def kind(plan_or_case):
