@@ -468,6 +468,55 @@ class Pricer:
     return _cost(self._facts.info(operation), self._context)
 
 
+def export_cost(mtf_graph, outputs, assignment, mesh_dimension_to_size,
+                allow_uneven=False):
+  """The OperationCost of exporting a step's `outputs` (its loss) at its
+  end: an output left a pending sum that no operation reduces (a loss
+  averaged over a split batch, which nothing in the graph reads) is
+  allreduced by its export (Lowering.export_to_tf_tensor), a collective
+  the operations' costs do not charge (see the module doc).
+
+  Args:
+    mtf_graph: the graph.
+    outputs: mtf Tensors of it the step exports.
+    assignment, mesh_dimension_to_size, allow_uneven: as operation_cost's.
+  """
+  facts = _facts(mtf_graph)
+  ctx = _Context(facts, cost_rules.CostLayout(
+      assignment, _mesh_sizes(mesh_dimension_to_size), allow_uneven))
+  collectives = []
+  for t in dict.fromkeys(outputs):
+    producer = facts.producer.get(t)
+    if producer is None:
+      continue
+    info = facts.info(producer)
+    k = info.outputs.index(t)
+    pending = ctx.run(info).pending[k]
+    if not pending or not _left_pending(info, k, pending, ctx):
+      continue
+    c = cost_rules.collective(
+        ctx.layout, "allreduce", pending,
+        cost_rules.slice_bytes(ctx.layout, info.out_dims[k],
+                               info.out_itemsize[k]))
+    if c is not None:
+      collectives.append(c)
+  return OperationCost(collectives=tuple(collectives))
+
+
+def _left_pending(info, k, pending, ctx):
+  """Whether output k of an operation, a sum pending over `pending`, is
+  reduced by no operation: nothing reads it, or its one reader keeps it
+  pending (_cost charges neither)."""
+  consumers = info.consumers[k]
+  n = ctx.facts.num_consumers.get(info.outputs[k], 0)
+  if n == 0:
+    return True
+  if n == 1:
+    consumer, index = consumers[0]
+    return ctx.keeps_pending(ctx.facts.info(consumer), index, pending)
+  return False
+
+
 def cost_signature(operation):
   """An int that two operations of one graph share only if operation_cost
   prices them alike under every assignment: the same rule, attributes,
@@ -618,18 +667,24 @@ def graph_cost(mtf_graph, mesh_shape, layout_rules):
   return GraphCost(total, by_operation, collectives)
 
 
-def predict_step_seconds(mtf_graph, mesh_shape, layout_rules, machine):
+def predict_step_seconds(mtf_graph, mesh_shape, layout_rules, machine,
+                         outputs=()):
   """(predicted seconds of one step, breakdown dict).
 
   `machine` has compute_seconds(flops, elementwise_bytes, num_ops,
   num_processors, matmul_bytes) and collective_seconds(kind,
   mesh_dimension_names, wire_bytes) (one call's time). The step time is the
   compute time of the summed per-processor work plus the time of every
-  collective call.
+  collective call, those of exporting `outputs` (export_cost) included.
   """
   sizes = _mesh_sizes(mesh_shape)
   cost = graph_cost(mtf_graph, sizes, layout_rules)
   total = cost.total
+  if outputs:
+    rules = shape_lib.convert_to_layout_rules(layout_rules)
+    total = total + export_cost(
+        mtf_graph, outputs, _assignment_from_rules(sizes, rules, mtf_graph),
+        sizes, rules.allow_uneven)
   num_processors = math.prod(sizes.values())
   compute = machine.compute_seconds(total.flops, total.elementwise_bytes,
                                     total.num_ops, num_processors,

@@ -86,13 +86,16 @@ def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None):
   layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
   time = None
   if machine is not None:
-    time = step_time(mtf_graph, mesh_shape, layout_rules, machine)
+    time = step_time(mtf_graph, mesh_shape, layout_rules, machine,
+                     outputs=mtf_outputs)
   return time, peak_memory(mtf_graph, mtf_outputs, mesh_shape,
                            layout_rules)
 
 
-def step_time(mtf_graph, mesh_shape, layout_rules, machine):
-  """The StepTime of every operation of the graph under the layout."""
+def step_time(mtf_graph, mesh_shape, layout_rules, machine,
+              outputs=()):
+  """The StepTime of every operation of the graph under the layout, and of
+  exporting `outputs` (cost_model.export_cost: a loss's allreduce)."""
   mesh_sizes = {d.name: d.size for d in mesh_shape.dims}
   assignment = {name: mesh_dim for name, mesh_dim in layout_rules
                 if mesh_dim in mesh_sizes}
@@ -109,6 +112,10 @@ def step_time(mtf_graph, mesh_shape, layout_rules, machine):
     bubble += idle * (op_compute + op_collectives)
     compute += (1 - idle) * op_compute
     collectives += (1 - idle) * op_collectives
+  _, exported = step_cost.operation_seconds_parts(
+      cost_model.export_cost(mtf_graph, outputs, assignment, mesh_sizes,
+                             layout_rules.allow_uneven), machine, 1)
+  collectives += exported
   return StepTime(compute=compute, collectives=collectives, bubble=bubble)
 
 
