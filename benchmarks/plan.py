@@ -3,9 +3,9 @@
 Issue 49's check of the run planner against measurement. For each model of
 --models, a list of plans (`plan_cases`: a hand-made set spanning the mesh
 shapes, ZeRO levels, pipeline stages S and micro-batches M, and recompute;
-with --plans planner, those of `planner.enumerate_plans`, or while the
-planner has none, its pick and alternatives, with their predictions) is
-built through the model's `PlanModel.build`, lowered on 8
+with --plans planner, those of `plan_enumeration.enumerate_plans`: the
+planner's finalists and plans differing in every choice, with their
+predictions) is built through the model's `PlanModel.build`, lowered on 8
 logical CPUs (PlacementMeshImpl) and
 
 - timed: every plan's step is traced and warmed up, then the plans take
@@ -33,11 +33,18 @@ the ranking figures (and, where plans carry predictions, the pick's
 measured time over the best and the rank correlation of predicted and
 measured times, and the worst memory error: predicted peak over counted
 peak, in either order, `memory_ratio` and `memory_ratio_alap` per plan).
+The pick is the plan of least predicted time: the planner's (the
+enumeration holds its finalists).
+
+Models: "dense" (DenseStackModel, --layers, --batch, --io, --hidden) and
+the tiny Transformer (models/tiny.gin, --tiny_batch sequences of
+--tiny_length, a vocabulary of --tiny_vocab), encoder-decoder "bi" and
+language model "lm".
 A new model is a PlanModel in `make_model`; a planner's plans come in
 through `planner_cases`.
 
-  python benchmarks/plan.py [--models dense] [--plans hand|planner]
-      [--rounds 10] [--quick]
+  python benchmarks/plan.py [--models dense,bi,lm] [--plans hand|planner]
+      [--rounds 10] [--quick] [--no_count] [--machine FILE]
 """
 
 import argparse
@@ -52,7 +59,8 @@ sys.path.insert(1, os.path.dirname(_HERE))
 import bench_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_DEVICES = 8
-MODELS = ("dense",)
+MODELS = ("dense", "bi", "lm")
+TINY_GIN = {"bi": "models/bi_base.gin", "lm": "models/lm_base.gin"}
 
 
 def parse_args(argv):
@@ -60,7 +68,7 @@ def parse_args(argv):
   p.add_argument("--models", default=",".join(MODELS))
   p.add_argument("--plans", default="hand", choices=("hand", "planner"),
                  help="hand-made plans, or the planner's enumeration")
-  p.add_argument("--max_plans", type=int, default=24,
+  p.add_argument("--max_plans", type=int, default=32,
                  help="with --plans planner: the most plans run")
   p.add_argument("--rounds", type=int, default=10,
                  help="timed rounds (one step of every plan each)")
@@ -73,6 +81,13 @@ def parse_args(argv):
   p.add_argument("--io", type=int, default=256)
   p.add_argument("--hidden", type=int, default=1024)
   p.add_argument("--optimizer", default="adafactor")
+  p.add_argument("--tiny_batch", type=int, default=32,
+                 help="sequences per batch of the tiny Transformers")
+  p.add_argument("--tiny_length", type=int, default=16)
+  p.add_argument("--tiny_vocab", type=int, default=64)
+  p.add_argument("--machine", default=None,
+                 help="machine constants (file, JSON or shipped name) the "
+                 "planner prices with; default: this machine's, measured")
   p.add_argument("--quick", action="store_true",
                  help="a small model, few plans and rounds (a smoke run)")
   p.add_argument("--no_count", action="store_true",
@@ -102,6 +117,7 @@ class Case:
   zero: str = "none"
   predicted: dict = dataclasses.field(default_factory=dict)
   reference: bool = False
+  kind: str = ""  # How the planner made the layout (plan_enumeration).
 
   @property
   def label(self):
@@ -116,6 +132,12 @@ def make_model(name, args):
     return dense_stack_model.DenseStackModel(
         num_layers=args.layers, batch=args.batch, io=args.io,
         hidden=args.hidden, optimizer=args.optimizer, seed=0)
+  if name in TINY_GIN:
+    from mesh_tensorflow.transformer import plan_gin  # pylint: disable=g-import-not-at-top
+    return plan_gin.from_gin(
+        [TINY_GIN[name], "models/tiny.gin"], ["dropout_rate = 0.0"],
+        batch_size=args.tiny_batch, sequence_length=args.tiny_length,
+        vocab_size=args.tiny_vocab)
   raise ValueError(f"Unknown model {name!r}; known: {', '.join(MODELS)}.")
 
 
@@ -123,6 +145,9 @@ def hand_cases(name, model, quick=False):
   """Plans made by hand for a dense stack on 8 processors: every mesh
   shape of the issue, the ZeRO levels, S and M, and recompute."""
   from mesh_tensorflow.auto_mtf import plan_space  # pylint: disable=g-import-not-at-top
+  if name != "dense":
+    raise ValueError(f"no hand-made plans for model {name!r}; use "
+                     "--plans planner.")
   s = plan_space.Structure
   layers = model.num_layers
   dp, mp2d = "batch:all", "batch:b;hidden:m"
@@ -148,23 +173,16 @@ def hand_cases(name, model, quick=False):
 
 
 def planner_cases(name, model, args, num_processors=NUM_DEVICES):
-  """The planner's plans for `model`, with their predictions.
-
-  `planner.enumerate_plans(model, num_processors)` where the planner has
-  it; else the pick of `planner.plan` and its alternatives that fit (at
-  most --max_plans in all).
-  """
-  from mesh_tensorflow.auto_mtf import planner  # pylint: disable=g-import-not-at-top
-  if hasattr(planner, "enumerate_plans"):
-    plans = list(planner.enumerate_plans(model, num_processors))
-  else:
-    pick = planner.plan(model, num_processors,
-                        max_alternatives=max(args.max_plans - 1, 0))
-    plans = [pick] + [a for a in pick.alternatives
-                      if a.step_seconds is not None]
+  """The planner's plans for `model`, with their predictions: at most
+  --max_plans of plan_enumeration.enumerate_plans (its finalists, the
+  pick among them, and plans differing in every choice)."""
+  from mesh_tensorflow.auto_mtf import plan_enumeration  # pylint: disable=g-import-not-at-top
+  plans = plan_enumeration.enumerate_plans(
+      model, num_processors, machine=args.machine, max_plans=args.max_plans)
   return [Case(name, model, p.structure, _text(p.mesh_shape),
-               _text(p.layout_rules), p.zero, predicted=_prediction(p))
-          for p in plans[:args.max_plans]]
+               _text(p.layout_rules), p.zero, predicted=_prediction(p),
+               kind=p.kind)
+          for p in plans]
 
 
 def _text(x):
@@ -360,6 +378,7 @@ def run_model(tf, mtf, name, args):
         "micro_batches": case.structure.micro_batches,
         "recompute_layers": case.structure.recompute_layers,
         "reference": case.reference,
+        "kind": case.kind,
         "runs": i in runs,
     }
     if i in runs:
@@ -422,7 +441,10 @@ def summary(name, cases, records, repeat_tau):
   predicted = [(c, r) for c, r in ran if "seconds" in c.predicted]
   if predicted:
     pick = min(predicted, key=lambda cr: cr[0].predicted["seconds"])
+    fastest = min(predicted, key=lambda cr: cr[1]["step_seconds"])
     out["pick_vs_best"] = bench_util.rounded(pick[1]["step_seconds"] / best)
+    out["pick"] = pick[0].label
+    out["best"] = fastest[0].label
     out["tau_predicted_measured"] = bench_util.rounded(auto_layout.kendall_tau(
         [c.predicted["seconds"] for c, _ in predicted],
         [r["step_seconds"] for _, r in predicted]))

@@ -19,7 +19,8 @@ finalists. `enumerate_plans` gives them:
 With more plans than `max_plans`, it keeps the search's fastest
 (`finalists`, the planner's own finalists, so its pick is among them),
 then at least one of every value of each choice (mesh shape, layout kind,
-level, stages, micro-batches, recompute), then the fastest of the rest,
+level, stages, micro-batches, recompute) and every layout of the plain
+structure, then the fastest of the rest,
 taking structures in turn. Each kept plan is priced exactly on the graph
 it runs, sharding included (plan_pricing.price).
 """
@@ -264,6 +265,9 @@ _FEATURES = (
     lambda c: c.structure.micro_batches,
     lambda c: c.structure.recompute_layers > 0,
     lambda c: c.structure,
+    # Every plain layout on every mesh shape of the plain structure.
+    lambda c: ((c.mesh, c.kind) if c.structure == plan_space.Structure()
+               and c.zero == "none" else None),
 )
 
 
