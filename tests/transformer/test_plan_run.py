@@ -203,10 +203,14 @@ def test_pipelined_plan_for_the_mesh_shapes_processors_trains(
   assert estimator["layout_rules"] == plan.layout_rules
   assert len(planned["losses"]) == 2
   assert all(np.isfinite(planned["losses"]))
-  # Read while the model was built, so recorded: the stacks were pipelined.
+  # Read while the model was built, so recorded: the stack was pipelined.
   operative = _operative(planned["dir"], [
       f"transformer.PipelinedLayerStack.{name}"
-      for name in ("num_stages", "num_microbatches")])
+      for name in ("num_stages", "num_microbatches")] + [
+          f"{_RUN}.mesh_shape", f"{_RUN}.plan"])
+  assert operative.pop(f"{_RUN}.plan") is None
+  assert operative.pop(f"{_RUN}.mesh_shape") == run_plan.run_values(plan)[
+      "mesh_shape"]
   assert set(operative.values()) == {2}, operative
 
 
