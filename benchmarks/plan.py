@@ -344,6 +344,7 @@ def measure(tf, mtf, cases, args):
       step = make_step(tf, mtf, case)
       step.get_concrete_function()
       steps[i] = step
+      bench_util.log(f"  built {i + 1}/{len(cases)}: {case.label}")
     except Exception as e:  # pylint: disable=broad-except
       bench_util.log(f"{case.label}: does not build: {e!r:.300}")
   warmup = max(args.warmup, args.check_steps)
