@@ -15,7 +15,8 @@ CPUs:
    its counted peak (benchmarks/plan.py's counted_bytes, the method of
    benchmarks/recompute_memory.py: the buffers alive at each processor's
    peak of the lowered step, run as soon and as late as possible), and
-   whether each is within the budget;
+   whether each is within the budget (the plain plans' peaks are counted
+   too, to show whether the budget rules them out as counted);
 5. its losses over --steps training steps against the plain model's on
    one processor (`loss_rel_diff`, the largest relative difference).
 
@@ -225,9 +226,19 @@ def rel_diff(values, reference):
 
 
 def feasibility(name, model, num_processors, machine, fraction=0.8,
-                steps=3, count=True, smallest_peak=False):
+                steps=3, count=True, count_plain=False, smallest_peak=False):
   """The record of one model: the plain peaks, the budget, the pick and
-  its figures (see the module)."""
+  its figures (see the module).
+
+  Args:
+    name, model: the model's name (plain_layouts) and PlanModel.
+    num_processors: N.
+    machine: the planner's machine constants (None: this machine's).
+    fraction: the budget, as a fraction of the smaller plain peak.
+    steps: training steps compared with one processor's (0: none).
+    count: count the pick's peak; count_plain: the plain plans' too.
+    smallest_peak: record the smallest peak the planner reaches.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import plan as plan_bench  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.auto_mtf import plan_space  # pylint: disable=g-import-not-at-top
@@ -244,6 +255,13 @@ def feasibility(name, model, num_processors, machine, fraction=0.8,
             "model_parallel": {"peak_bytes": mp[0], "mesh_shape": mp[1],
                                "layout_rules": mp[2]},
             "budget": budget}
+  if count_plain:
+    for key, (_, mesh, rules) in (("data_parallel", dp),
+                                  ("model_parallel", mp)):
+      counted = plan_bench.counted_bytes(tf, mtf, plan_bench.Case(
+          name, model, plan_space.Structure(), mesh, rules, "none"))
+      record[key]["counted_peak_bytes"] = {s: counted[s]["peak"]
+                                           for s in ("asap", "alap")}
   if smallest_peak:
     record["smallest_planned_peak"] = smallest_planned_peak(
         model, num_processors, machine)
@@ -308,6 +326,7 @@ def main(argv):
     record = feasibility(name, make_model(name), args.num_processors,
                          machine, args.fraction, args.steps,
                          count=not args.no_count,
+                         count_plain=not args.no_count,
                          smallest_peak=args.smallest_peak)
     bench_util.emit(record)
 
