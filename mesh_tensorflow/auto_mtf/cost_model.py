@@ -88,6 +88,7 @@ from typing import Tuple
 
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import cost_rules
+from mesh_tensorflow.ops import variables as variables_ops
 
 Collective = cost_rules.Collective
 
@@ -466,6 +467,14 @@ class Pricer:
   def cost(self, operation):
     """The per-processor OperationCost of `operation` (of this graph)."""
     return _cost(self._facts.info(operation), self._context)
+
+
+def runs_on_every_processor(operation):
+  """Whether every processor runs `operation` on its own copy even where
+  replicas share their computation (PlacementMeshImpl on one task's CPUs,
+  MachineConstants.share_replicas): an Assign writes each processor's own
+  variables, replicated or not."""
+  return isinstance(operation, variables_ops.Assign)
 
 
 def export_cost(mtf_graph, outputs, assignment, mesh_dimension_to_size,

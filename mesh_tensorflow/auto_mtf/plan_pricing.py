@@ -8,9 +8,9 @@ their names say):
 - step time: compute, collectives and the pipeline's bubble, from the cost
   rules beside each lowering (cost_model, the accounting of
   `lowering.counters`) priced with a machine's constants;
-- peak bytes per processor, under the memory-minimizing schedule the search
-  uses: parameters, optimizer slots, gradients, activations and pipeline
-  buffers.
+- peak bytes per processor, the operations run as soon as their inputs
+  exist (as TF's executor runs them; SCHEDULE): parameters, optimizer
+  slots, gradients, activations and pipeline buffers.
 """
 
 import dataclasses
@@ -21,8 +21,15 @@ from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import scheduler
+from mesh_tensorflow.auto_mtf import stage_memory
 from mesh_tensorflow.auto_mtf import step_cost
 from mesh_tensorflow.strategies import pipelining
+
+# The order the step's operations are taken to run in: each as soon as its
+# inputs exist, as TF's executor runs a graph (it keeps a first-in first-out
+# queue of the ready operations), not in the layout search's
+# memory-minimizing "LIST" order.
+SCHEDULE = "ASAP"
 
 MEMORY_PARTS = ("parameters", "optimizer_slots", "gradients", "activations",
                 "pipeline_buffers")
@@ -120,24 +127,39 @@ def step_time(mtf_graph, mesh_shape, layout_rules, machine,
 
 
 def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules):
-  """The PeakMemory of the graph's memory-minimizing schedule (the layout
-  search's) under the layout."""
+  """The PeakMemory of the graph under the layout, run in SCHEDULE order.
+
+  The variables (parameters and slots) are held for the whole step; the
+  other tensors are alive from their operation to their last reader's.
+  """
   estimator = memory_estimator.MemoryEstimator(
       mtf_graph, mesh_shape, mtf_outputs, layout_rules.allow_uneven)
   graph = estimator.get_graph_interface()
-  schedule = scheduler.minimize_peak_memory(graph, "LIST")
+  schedule = scheduler.minimize_peak_memory(graph, SCHEDULE)
   impl = mesh_impl_lib.MeshImpl(mesh_shape, layout_rules)
   part_of = _memory_parts(mtf_graph)
   sizes = {}
   for name in graph.get_all_tensor_names():
     if graph.is_tensor_on_canonical_device(name):
       sizes[name] = _slice_bytes(impl, part_of.tensors[name])
-  deltas = graph.compute_memory_deltas_under_schedule(schedule)
-  _, at = layout_optimizer.peak_under_schedule(deltas, sizes)
-  in_memory = set()
-  for added, removed in deltas[:0 if at is None else at + 1]:
-    in_memory.difference_update(removed)
-    in_memory.update(added)
+  held = {v.outputs[0].name for v in mtf_graph.all_variables}
+  transient = {t: b for t, b in sizes.items() if t not in held}
+  stage_names, stages = stage_memory.stage_dimensions(
+      mtf_graph, mesh_shape, layout_rules)
+  if stages > 1:
+    _, alive = stage_memory.peak(
+        mtf_graph, transient,
+        {t for t in transient if graph.is_tensor_final(t)}, stage_names,
+        stages, {t: graph.get_tensor_buffer(t) for t in sizes
+                 if graph.get_tensor_buffer(t) != t})
+    in_memory = held | set(alive)
+  else:
+    deltas = graph.compute_memory_deltas_under_schedule(schedule)
+    _, at = layout_optimizer.peak_under_schedule(deltas, transient)
+    in_memory = set(held)
+    for added, removed in deltas[:0 if at is None else at + 1]:
+      in_memory.difference_update(set(removed) - held)
+      in_memory.update(added)
   parts = dict.fromkeys(MEMORY_PARTS, 0)
   for t in in_memory:
     parts[part_of.part(t)] += sizes.get(t, 0)

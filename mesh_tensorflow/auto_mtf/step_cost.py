@@ -101,7 +101,10 @@ def computing_processors(operation, assignment, mesh_sizes, machine):
 
 
 def _own_names(operation):
-  """The dimension names of an operation's inputs and outputs."""
+  """The dimension names of an operation's inputs and outputs; None for
+  one every processor runs even with shared replicas (an Assign)."""
+  if cost_model.runs_on_every_processor(operation):
+    return None
   return frozenset(name for tensor in operation.inputs + operation.outputs
                    for name in tensor.shape.dimension_names)
 
@@ -109,6 +112,8 @@ def _own_names(operation):
 def _distinct_slices(own_names, assignment, mesh_sizes):
   """How many processors compute an operation of `own_names` with shared
   replicas: one per distinct slice (the product of the sizes of the mesh
-  dimensions its own dimensions are split over)."""
+  dimensions its own dimensions are split over); all of them for None."""
+  if own_names is None:
+    return shape_lib.list_product(mesh_sizes.values())
   used = {assignment[name] for name in own_names if name in assignment}
   return shape_lib.list_product(mesh_sizes[m] for m in used)

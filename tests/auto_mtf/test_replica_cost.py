@@ -1,0 +1,55 @@
+"""Shared replicas still write every processor's variables.
+
+PlacementMeshImpl on one task's CPUs computes a replicated slice once
+(share_replicas), but each processor keeps its own variables, so an
+Assign writes all of them: on 8 processors a replicated plan costs the one
+processor plan plus 7 more copies of every variable update, in the plan's
+price and in the layout search's table alike.
+"""
+
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.auto_mtf import cost_model
+from mesh_tensorflow.auto_mtf import dense_stack_model
+from mesh_tensorflow.auto_mtf import layout_optimizer
+from mesh_tensorflow.auto_mtf import machine as machine_lib
+from mesh_tensorflow.auto_mtf import memory_estimator
+from mesh_tensorflow.auto_mtf import plan_pricing
+from mesh_tensorflow.auto_mtf import plan_space
+from mesh_tensorflow.auto_mtf import step_cost
+
+pytest.importorskip("ortools")
+
+MODEL = dense_stack_model.DenseStackModel(num_layers=2, batch=8, io=4,
+                                          hidden=8, optimizer="sgd")
+MACHINE = machine_lib.machine_constants({
+    "flops_per_second": 1e10, "elementwise_bytes_per_second": 1e10,
+    "op_overhead_seconds": 1e-5, "concurrency": 1, "share_replicas": True,
+    "default_collective": {"latency_seconds": 1e-4,
+                           "seconds_per_wire_byte": 1e-9}})
+
+
+@pytest.fixture(scope="module")
+def step():
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    return MODEL.build(plan_space.Structure())
+
+
+def test_replicated_assigns_run_on_every_processor(step):
+  graph, outputs = step
+  one, _ = plan_pricing.price(graph, outputs, "all:1", "", MACHINE)
+  eight, _ = plan_pricing.price(graph, outputs, "all:8", "", MACHINE)
+  pricer = cost_model.Pricer(graph, {}, {"all": 8})
+  assigns = [op for op in cost_model.all_operations(graph)
+             if isinstance(op, mtf.Assign)]
+  assert assigns
+  update = sum(step_cost.operation_seconds(pricer.cost(op), MACHINE, 1)
+               for op in assigns)
+  assert eight.compute == pytest.approx(one.compute + 7 * update)
+  estimator = memory_estimator.MemoryEstimator(graph, "all:8", outputs)
+  search = layout_optimizer.LayoutOptimizer(estimator, objective="time",
+                                            machine=MACHINE)
+  assert search.evaluate_step_seconds("") == pytest.approx(eight.total)
