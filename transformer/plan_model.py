@@ -35,6 +35,7 @@ import gc
 import tensorflow as tf
 
 from mesh_tensorflow.auto_mtf import plan_space
+from mesh_tensorflow.auto_mtf import proxy_layers
 from mesh_tensorflow.transformer.binary import gin_state as gin_state_lib
 from mesh_tensorflow.transformer.binary import run_auto_layout
 from mesh_tensorflow.transformer.binary import run_model_fn
@@ -259,12 +260,61 @@ class TransformerPlanModel(plan_space.PlanModel):
             layout_rules=None):
     """(mtf.Graph, [loss]) of the training step in `structure` (see
     plan_space.PlanModel.build)."""
+    return self._build(self.settings(structure), zero, mesh_shape,
+                       layout_rules)
+
+  def build_proxy(self, structure, zero="none", mesh_shape=None,
+                  layout_rules=None):
+    """The step with 3 blocks per run of like blocks of each stack (per
+    stage when pipelined), the middle one weighted (see
+    plan_space.PlanModel.build_proxy); None if no run is longer than 3."""
+    settings = self.settings(structure)
+    weights = {}
+    shrunk = False
+    for s in self._stacks:
+      if s.num_layers % s.period:
+        return None
+      blocks = s.num_layers // s.period
+      if structure.pipelined:
+        per_stage = proxy_layers.runs([False] * (blocks // structure.stages))
+        if per_stage is None:
+          per_stage = [(False, 1)] * (blocks // structure.stages)
+        else:
+          shrunk = True
+        settings[f"{s.prefix}transformer.make_layer_stack.num_layers"] = str(
+            len(per_stage) * structure.stages)
+        runs = per_stage
+      else:
+        k = min(structure.recompute_layers, s.num_layers)
+        if k % s.period:
+          return None
+        kinds = [b < k // s.period for b in range(blocks)]
+        runs = proxy_layers.runs(kinds)
+        if runs is None:
+          runs = [(kind, 1) for kind in kinds]
+        else:
+          shrunk = True
+        recomputed = sum(kind for kind, _ in runs) * s.period
+        settings[f"{s.prefix}transformer.make_layer_stack.num_layers"] = str(
+            len(runs))
+        settings[f"{s.prefix}{_PLAIN}.recompute_grads"] = (
+            "True" if recomputed == len(runs) * s.period else
+            "False" if recomputed == 0 else str(list(range(recomputed))))
+      for j, (_, weight) in enumerate(runs):
+        weights[f"{s.prefix}block_{j:03d}/"] = weight
+    if not shrunk:
+      return None
+    graph, outputs = self._build(settings, zero, mesh_shape, layout_rules)
+    return graph, outputs, weights
+
+  def _build(self, settings, zero, mesh_shape, layout_rules):
+    """(mtf.Graph, [loss]) of the training step under gin `settings`."""
     shard_weight_update, shard_parameters = plan_space.zero_flags(zero)
     if shard_weight_update and (mesh_shape is None or layout_rules is None):
       raise ValueError(
           f"TransformerPlanModel.build: zero={zero!r} shards over the mesh; "
           "give mesh_shape and layout_rules.")
-    bindings = [f"{k} = {v}" for k, v in self.settings(structure).items()]
+    bindings = [f"{k} = {v}" for k, v in settings.items()]
     with self._gin.installed(bindings), _garbage_collection_paused():
       model_fn = run_model_fn.tpu_estimator_model_fn(
           model_type=self.model_type, transformer_model=self._build_model(),

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.auto_mtf import plan_space
+from mesh_tensorflow.auto_mtf import proxy_layers
 
 OPTIMIZERS = ("adafactor", "sgd", "adam")
 
@@ -129,6 +130,35 @@ class DenseStackModel(plan_space.PlanModel):
             layout_rules=None):
     """(mtf.Graph, [loss]) of one training step (see PlanModel.build)."""
     self._check(structure)
+    if structure.pipelined:
+      layers = [(False, 1)] * (self.num_layers // structure.stages)
+    else:
+      layers = [(i < structure.recompute_layers, 1)
+                for i in range(self.num_layers)]
+    return self._build(structure, layers, zero, mesh_shape, layout_rules)
+
+  def build_proxy(self, structure, zero="none", mesh_shape=None,
+                  layout_rules=None):
+    """3 blocks per run of like blocks (per stage when pipelined), the
+    middle one weighted (see PlanModel.build_proxy); None if no run is
+    longer than 3."""
+    self._check(structure)
+    if structure.pipelined:
+      layers = proxy_layers.runs([False] * (self.num_layers //
+                                            structure.stages))
+    else:
+      layers = proxy_layers.runs([i < structure.recompute_layers
+                                  for i in range(self.num_layers)])
+    if layers is None:
+      return None
+    graph, outputs = self._build(structure, layers, zero, mesh_shape,
+                                 layout_rules)
+    return graph, outputs, {_block_name(i) + "/": weight
+                            for i, (_, weight) in enumerate(layers)}
+
+  def _build(self, structure, layers, zero, mesh_shape, layout_rules):
+    """The step with `layers`, [(recomputed, weight)] per block (per stage
+    block when pipelined)."""
     shard_weight_update, shard_parameters = plan_space.zero_flags(zero)
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
@@ -142,9 +172,9 @@ class DenseStackModel(plan_space.PlanModel):
     target = mtf.import_tf_tensor(mesh, tf.constant(target_value),
                                             shape)
     if structure.pipelined:
-      y = self._pipelined(mesh, x, structure)
+      y = self._pipelined(mesh, x, structure, len(layers))
     else:
-      y = self._plain(mesh, x, structure.recompute_layers)
+      y = self._plain(mesh, x, [recompute for recompute, _ in layers])
     loss = mtf.reduce_mean(mtf.square(y - target))
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
@@ -158,15 +188,17 @@ class DenseStackModel(plan_space.PlanModel):
     h = mtf.relu(mtf.einsum([x, w1], hidden_shape))
     return mtf.einsum([h, w2], x.shape)
 
-  def _plain(self, mesh, x, recompute_layers):
-    for i in range(self.num_layers):
+  def _plain(self, mesh, x, recomputed):
+    for i, recompute in enumerate(recomputed):
+      # The block's operations carry its name, as its weights do (the
+      # planner's proxy finds a layer by name).
       with tf.compat.v1.variable_scope(_block_name(i)):
         w1, w2 = self._weights(mesh)
-      if i < recompute_layers:
-        x = mtf.recompute_grad(
-            lambda v, w1=w1, w2=w2: self._block(v, w1, w2), [x])
-      else:
-        x = self._block(x, w1, w2)
+        if recompute:
+          x = mtf.recompute_grad(
+              lambda v, w1=w1, w2=w2: self._block(v, w1, w2), [x])
+        else:
+          x = self._block(x, w1, w2)
     return x
 
   def _weights(self, mesh):
@@ -176,9 +208,8 @@ class DenseStackModel(plan_space.PlanModel):
                                     [self.hidden_dim, self.io_dim])
     return w1, w2
 
-  def _pipelined(self, mesh, x, structure):
+  def _pipelined(self, mesh, x, structure, per_stage):
     stages = structure.stages
-    per_stage = self.num_layers // stages
     stage_dim = mtf.Dimension(self.stage_dimension_name, stages)
     weights = []
     for j in range(per_stage):
@@ -194,8 +225,9 @@ class DenseStackModel(plan_space.PlanModel):
 
     def stage_fn(xs):
       h = xs[0]
-      for w1, w2 in weights:
-        h = self._block(h, w1, w2)
+      for j, (w1, w2) in enumerate(weights):
+        with tf.compat.v1.variable_scope(_block_name(j)):
+          h = self._block(h, w1, w2)
       return [h]
 
     return mtf.pipeline(

@@ -95,7 +95,8 @@ class LayoutOptimizer(object):
   def __init__(self, memory_estimator, scheduler_alg="LIST",
                objective="memory", memory_budget=None, machine=None,
                max_search_seconds=60.0, shard_weight_update=False,
-               shard_parameters=False, fixed_rules=None, step_costs=None):
+               shard_parameters=False, fixed_rules=None, step_costs=None,
+               proxy_scale=None):
     """Sets up the integer program.
 
     Args:
@@ -115,6 +116,11 @@ class LayoutOptimizer(object):
       fixed_rules: optional {tensor-dimension name: mesh dimension name}
         every layout must have (a pipeline's "stage" on the stage mesh
         dimension, say).
+      step_costs: the step_costs of a time optimizer of the same
+        estimator, machine, fixed rules and proxy_scale (reused).
+      proxy_scale: optional proxy_layers.Scale: the estimator's graph is
+        a proxy of fewer layers, priced (time and memory) as the model it
+        stands for.
 
     Raises:
       ValueError: an unknown objective or a non-positive budget, or a
@@ -142,6 +148,7 @@ class LayoutOptimizer(object):
     self._uneven = self._layout_validator.allow_uneven
     self._fixed_rules = self._checked_fixed_rules(fixed_rules or {})
     self._graph = memory_estimator.get_graph_interface()
+    self._scale = proxy_scale
     self._mesh_sizes = self._layout_validator.mesh_dimension_name_to_size
     self._divisors_of = {}
     self._sharded_bytes_of = {}
@@ -150,7 +157,7 @@ class LayoutOptimizer(object):
     if objective == "time":
       self._step_costs = step_costs or _step_cost_table(
           memory_estimator, self._layout_validator, machine,
-          self._assignments_of)
+          self._assignments_of, proxy_scale)
       self._dimension_sets |= set(self._step_costs)
     self._model = None  # The program, built on the first solve().
 
@@ -375,7 +382,8 @@ class LayoutOptimizer(object):
     for key, whole_bytes in bytes_by_set.items():
       if isinstance(key, _ShardedTensor):
         dimension_set = self._tensor_dimension_set[key.name]
-        coefficients += self._sharded_bytes(key.name)
+        coefficients += [whole_bytes * b
+                         for b in self._sharded_bytes(key.name)]
       elif isinstance(key, _PaddedKey):
         dimension_set = key.dimension_set
         coefficients += [whole_bytes * _padded_elements(key.sizes, a,
@@ -415,11 +423,13 @@ class LayoutOptimizer(object):
     dominates (no less of every key) are dropped."""
     graph = self._graph
     keyed = {}  # {tensor name: (key, amount)}
+    weights = self._tensor_weights()
     for t in graph.get_all_tensor_names():
       if t in self._sharded_tensors:
-        keyed[t] = (_ShardedTensor(t), 1)
+        keyed[t] = (_ShardedTensor(t), weights.get(t, 1))
       elif graph.is_tensor_on_canonical_device(t):
-        keyed[t] = self._memory_key(t)
+        key, amount = self._memory_key(t)
+        keyed[t] = (key, amount * weights.get(t, 1))
     # Consecutive steps differ by a few tensors: update the totals.
     totals = {}
     counts = collections.Counter()
@@ -466,17 +476,32 @@ class LayoutOptimizer(object):
     operations (see the step_costs argument)."""
     return self._step_costs
 
+  def _schedule(self):
+    """The memory-minimizing schedule (computed once per graph: it does
+    not depend on the layout or the mesh)."""
+    return _cached_schedule(self._graph, self._estimator.mtf_graph,
+                            self._scheduler_alg)
+
   def _schedule_deltas(self):
     """The memory-minimizing schedule's contents, step by step, as
     (allocated, freed) tensor names (computed once per estimator: the
     schedule does not depend on the layout)."""
     cache = self._estimator.__dict__.setdefault("_schedule_deltas_of", {})
     if self._scheduler_alg not in cache:
-      schedule = scheduler.minimize_peak_memory(self._graph,
-                                                self._scheduler_alg)
       cache[self._scheduler_alg] = (
-          self._graph.compute_memory_deltas_under_schedule(schedule))
+          self._graph.compute_memory_deltas_under_schedule(self._schedule()))
     return cache[self._scheduler_alg]
+
+  def _tensor_weights(self):
+    """{tensor name: weight} of a proxy graph's tensors that stand for
+    several layers' ({} without a proxy_scale)."""
+    if self._scale is None:
+      return {}
+    cache = self._estimator.__dict__.setdefault("_tensor_weights_of", {})
+    key = (self._scheduler_alg, id(self._scale))
+    if key not in cache:
+      cache[key] = self._scale.tensor_weights(self._graph, self._schedule())
+    return cache[key]
 
   # ---------------------------------------------------------------- solving
 
@@ -559,14 +584,24 @@ class LayoutOptimizer(object):
     """Peak bytes per processor of `layout` under the schedule."""
     layout = self._layout_dict(layout)
     graph = self._graph
+    weights = self._tensor_weights()
     sizes = {}
+    divisors = {}  # {dimension set: slices under the layout}
     for t in graph.get_all_tensor_names():
       if not graph.is_tensor_on_canonical_device(t):
-        sizes[t] = 0
         continue
-      assignment = {d: layout[d] for d in self._tensor_dimension_set[t]
-                    if d in layout}
-      sizes[t] = self._tensor_bytes(t, assignment)
+      dimension_set = self._tensor_dimension_set[t]
+      if self._uneven or t in self._sharded_tensors:
+        assignment = {d: layout[d] for d in dimension_set if d in layout}
+        size = self._tensor_bytes(t, assignment)
+      else:
+        divisor = divisors.get(dimension_set)
+        if divisor is None:
+          divisor = divisors[dimension_set] = _divisor(
+              {d: layout[d] for d in dimension_set if d in layout},
+              self._mesh_sizes)
+        size = -(-graph.get_tensor_size(t) // divisor)
+      sizes[t] = size * weights.get(t, 1)
     peak, _ = peak_under_schedule(self._schedule_deltas(), sizes)
     return peak
 
@@ -602,6 +637,32 @@ class LayoutOptimizer(object):
 # ------------------------------------------------------- schedule memory
 
 
+# The schedules of the graphs searched last: {scheduler: schedule} per
+# graph (a plan searches one graph on many mesh shapes).
+_SCHEDULES = []
+_MAX_SCHEDULED_GRAPHS = 4
+
+
+def _cached_schedule(graph_interface, mtf_graph, scheduler_alg):
+  """scheduler.minimize_peak_memory of a graph, computed once per graph
+  (and operation count) and scheduler."""
+  # pylint: disable=protected-access
+  key = (len(graph_interface._operations), scheduler_alg,
+         frozenset(graph_interface._final_tensor_names))
+  # pylint: enable=protected-access
+  for graph, schedules in _SCHEDULES:
+    if graph is mtf_graph:
+      if key not in schedules:
+        schedules[key] = scheduler.minimize_peak_memory(graph_interface,
+                                                        scheduler_alg)
+      return schedules[key]
+  schedules = {key: scheduler.minimize_peak_memory(graph_interface,
+                                                   scheduler_alg)}
+  _SCHEDULES[:] = _SCHEDULES[-(_MAX_SCHEDULED_GRAPHS - 1):] + [
+      (mtf_graph, schedules)]
+  return schedules[key]
+
+
 def peak_under_schedule(deltas, sizes):
   """(peak bytes, index of the first step reaching it) of a schedule's
   (allocated, freed) names per step (GraphInterface.
@@ -620,13 +681,15 @@ def peak_under_schedule(deltas, sizes):
 # ------------------------------------------------------------- step costs
 
 
-def _step_cost_table(estimator, validator, machine, assignments_of):
+def _step_cost_table(estimator, validator, machine, assignments_of,
+                     scale=None):
   """{dimension set: {local var name: predicted seconds}}: each operation's
   cost under every allowed assignment of the names it depends on, summed
   over the operations sharing those names."""
   # Imported here: the time objective's modules are not needed otherwise.
   from mesh_tensorflow.auto_mtf import step_cost  # pylint: disable=g-import-not-at-top
-  table = step_cost.cost_table(estimator, validator, machine, assignments_of)
+  table = step_cost.cost_table(estimator, validator, machine, assignments_of,
+                               scale)
   return {dimension_set: {_local_var_name(dimension_set, assignment): seconds
                           for assignment, seconds in costs}
           for dimension_set, costs in table.items()}

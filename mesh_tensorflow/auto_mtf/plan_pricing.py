@@ -79,7 +79,8 @@ class PeakMemory:
     return {part: getattr(self, part) for part in MEMORY_PARTS}
 
 
-def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None):
+def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None,
+          scale=None):
   """(StepTime or None, PeakMemory) of a graph under a layout.
 
   Args:
@@ -88,18 +89,20 @@ def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None):
     mesh_shape: an mtf.Shape or spec.
     layout_rules: mtf.LayoutRules or spec (shard names need none).
     machine: a machine.MachineConstants; None prices memory only.
+    scale: optional proxy_layers.Scale: the graph is a proxy of fewer
+      layers, priced as the model it stands for.
   """
   mesh_shape = shape_lib.convert_to_shape(mesh_shape)
   layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
   time = None
   if machine is not None:
-    time = step_time(mtf_graph, mesh_shape, layout_rules, machine,
+    time = step_time(mtf_graph, mesh_shape, layout_rules, machine, scale,
                      outputs=mtf_outputs)
   return time, peak_memory(mtf_graph, mtf_outputs, mesh_shape,
-                           layout_rules)
+                           layout_rules, scale)
 
 
-def step_time(mtf_graph, mesh_shape, layout_rules, machine,
+def step_time(mtf_graph, mesh_shape, layout_rules, machine, scale=None,
               outputs=()):
   """The StepTime of every operation of the graph under the layout, and of
   exporting `outputs` (cost_model.export_cost: a loss's allreduce)."""
@@ -111,10 +114,15 @@ def step_time(mtf_graph, mesh_shape, layout_rules, machine,
   stages = _pipeline_stages(mtf_graph)
   compute = collectives = bubble = 0.0
   for operation in cost_model.all_operations(mtf_graph):
-    processors = step_cost.computing_processors(operation, assignment,
-                                                mesh_sizes, machine)
-    op_compute, op_collectives = step_cost.operation_seconds_parts(
-        pricer.cost(operation), machine, processors)
+    op_compute = op_collectives = 0.0
+    for term, factor in (scale.terms(operation) if scale else
+                         ((operation, 1),)):
+      processors = step_cost.computing_processors(term, assignment,
+                                                  mesh_sizes, machine)
+      term_compute, term_collectives = step_cost.operation_seconds_parts(
+          pricer.cost(term), machine, processors)
+      op_compute += factor * term_compute
+      op_collectives += factor * term_collectives
     idle = stages.idle_fraction(operation)
     bubble += idle * (op_compute + op_collectives)
     compute += (1 - idle) * op_compute
@@ -126,7 +134,8 @@ def step_time(mtf_graph, mesh_shape, layout_rules, machine,
   return StepTime(compute=compute, collectives=collectives, bubble=bubble)
 
 
-def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules):
+def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
+                scale=None):
   """The PeakMemory of the graph under the layout, run in SCHEDULE order.
 
   The variables (parameters and slots) are held for the whole step; the
@@ -142,6 +151,9 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules):
   for name in graph.get_all_tensor_names():
     if graph.is_tensor_on_canonical_device(name):
       sizes[name] = _slice_bytes(impl, part_of.tensors[name])
+  if scale is not None:
+    for name, weight in scale.tensor_weights(graph, schedule).items():
+      sizes[name] = sizes.get(name, 0) * weight
   held = {v.outputs[0].name for v in mtf_graph.all_variables}
   transient = {t: b for t, b in sizes.items() if t not in held}
   stage_names, stages = stage_memory.stage_dimensions(

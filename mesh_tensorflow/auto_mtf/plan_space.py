@@ -99,6 +99,22 @@ class PlanModel(abc.ABC):
     layout_rules) before the model is built; else those are ignored.
     """
 
+  def build_proxy(self, structure, zero="none", mesh_shape=None,
+                  layout_rules=None):
+    """A smaller graph priced as `structure`'s, or None (the default: the
+    planner prices the graph build() makes).
+
+    A layer-stacked model builds each run of L > 3 like layers (per stack,
+    or per pipeline stage) with 3 and names the middle one's weight L - 2
+    (auto_mtf.proxy_layers: time scales exactly, memory closely).
+
+    Returns:
+      (mtf.Graph, [outputs], {layer name prefix: weight}), the prefixes
+      those of every layer the proxy has, e.g. "block_001/", or None.
+    """
+    del structure, zero, mesh_shape, layout_rules
+    return None
+
   def settings(self, structure):
     """{name: value}: what runs `structure` (gin bindings for the
     Transformer binary, keyword arguments elsewhere)."""

@@ -49,6 +49,7 @@ from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import plan_pricing
 from mesh_tensorflow.auto_mtf import plan_space
+from mesh_tensorflow.auto_mtf import proxy_layers
 
 STAGE_MESH_DIMENSION = "stage"
 
@@ -200,7 +201,8 @@ class _Candidate:
 def plan(model, num_processors, memory_budget=None, machine=None,
          mtf_outputs=(), max_mesh_shape_dimensions=2,
          zero_levels=plan_space.ZERO_LEVELS, allow_uneven=False,
-         quick_calibration=False, finalists=6, max_alternatives=5):
+         quick_calibration=False, finalists=6, max_alternatives=5,
+         proxy=True):
   """The fastest plan of `model` on `num_processors` within the budget.
 
   Args:
@@ -219,6 +221,10 @@ def plan(model, num_processors, memory_budget=None, machine=None,
       cached (rougher figures).
     finalists: how many of the fastest candidates are priced exactly.
     max_alternatives: how many alternatives the Plan lists.
+    proxy: price a layer-stacked model by a proxy of 3 layers per run of
+      like layers, scaled (PlanModel.build_proxy, auto_mtf.proxy_layers:
+      the step time as the full graph's, the peak memory approximately);
+      False builds and prices every graph whole.
 
   Returns:
     a Plan.
@@ -246,7 +252,7 @@ def plan(model, num_processors, memory_budget=None, machine=None,
                     f"{num_processors} processors.")
   search = _Search(model, num_processors, memory_budget, machine,
                    max_mesh_shape_dimensions, tuple(zero_levels),
-                   allow_uneven, quick_calibration)
+                   allow_uneven, quick_calibration, proxy)
   for structure in structures:
     search.add_structure(structure)
   fitting = sorted((c for c in search.candidates if c.fits),
@@ -261,7 +267,7 @@ def plan(model, num_processors, memory_budget=None, machine=None,
                                     num_processors))
   chosen = None
   for candidate in fitting[:finalists]:
-    _price_exactly(model, candidate)
+    _price_exactly(model, candidate, search.built, proxy)
     _, memory = candidate.exact
     if memory_budget is not None and memory.total > memory_budget:
       continue
@@ -301,7 +307,7 @@ class _Search:
 
   def __init__(self, model, num_processors, memory_budget, machine,
                max_mesh_shape_dimensions, zero_levels, allow_uneven,
-               quick_calibration):
+               quick_calibration, proxy=True):
     self._model = model
     self._n = num_processors
     self._budget = memory_budget
@@ -310,6 +316,9 @@ class _Search:
     self._zero_levels = zero_levels
     self._uneven = allow_uneven
     self._quick = quick_calibration
+    self._proxy = proxy
+    # {Structure: (graph, outputs, proxy_layers.Scale or None)} as searched.
+    self.built = {}
     self.candidates = []
     self.unbuildable = []  # (Structure, why) of structures build() refused.
     self.mesh_shapes = 0
@@ -319,18 +328,26 @@ class _Search:
 
   def add_structure(self, structure):
     try:
-      graph, outputs = _build(self._model, structure)
+      built = (proxy_layers.build(self._model, structure) if self._proxy
+               else None)
+      if built is None:
+        graph, outputs = _build(self._model, structure)
+        scale = None
+      else:
+        graph, outputs, scale = built.graph, built.outputs, built.scale
     except ValueError as e:
       # E.g. a pipelined stack whose layers add auxiliary losses: this
       # structure does not exist for the model; the others may.
       logging.warning("plan: %s cannot be built: %s", structure.describe(), e)
       self.unbuildable.append((structure, str(e)))
       return
+    self.built[structure] = (graph, outputs, scale)
     for mesh_shape in mesh_shapes(self._n, structure.stages, self._max_dims):
       self.mesh_shapes += 1
-      self._add_mesh_shape(structure, graph, outputs, mesh_shape)
+      self._add_mesh_shape(structure, graph, outputs, mesh_shape, scale)
 
-  def _add_mesh_shape(self, structure, graph, outputs, mesh_shape):
+  def _add_mesh_shape(self, structure, graph, outputs, mesh_shape,
+                      scale=None):
     # Scaled to the mesh's processor count (MachineConstants.
     # for_processors), as the layout search scales them.
     constants = api._machine_for(self._machine, mesh_shape, "time",  # pylint: disable=protected-access
@@ -342,7 +359,8 @@ class _Search:
       fixed[self._model.stage_dimension_name] = STAGE_MESH_DIMENSION
     try:
       free = layout_optimizer.LayoutOptimizer(
-          estimator, objective="time", machine=constants, fixed_rules=fixed)
+          estimator, objective="time", machine=constants, fixed_rules=fixed,
+          proxy_scale=scale)
       free_layout = free.solve()
     except (layout_optimizer.SolverError, ValueError) as e:
       logging.info("plan: %s on %s has no layout: %s",
@@ -365,7 +383,7 @@ class _Search:
           estimator, objective="time", memory_budget=self._budget,
           machine=constants, shard_weight_update=weight_update,
           shard_parameters=parameters, fixed_rules=fixed,
-          step_costs=free.step_costs)
+          step_costs=free.step_costs, proxy_scale=scale)
       peak = optimizer.evaluate_peak_memory(free_layout)
       if self._budget is None or peak <= self._budget:
         self._accept(candidate, free_layout, bound, peak)
@@ -429,15 +447,27 @@ def _build(model, structure, zero="none", mesh_shape=None, layout_rules=None):
   return graph, list(outputs)
 
 
-def _price_exactly(model, candidate):
-  """Prices a candidate on the graph it runs, sharding included."""
+def _price_exactly(model, candidate, built=None, proxy=True):
+  """Prices a candidate on the graph it runs, sharding included (with
+  `proxy`, on its proxy, scaled; without sharding, on the graph searched,
+  from `built`: {Structure: (graph, outputs, Scale or None)})."""
   if candidate.exact is not None:
     return
   mesh = _mesh_string(candidate.mesh_shape)
-  graph, outputs = _build(model, candidate.structure, candidate.zero, mesh,
-                          candidate.layout)
+  if candidate.zero == "none" and candidate.structure in (built or {}):
+    graph, outputs, scale = built[candidate.structure]
+  else:
+    found = (proxy_layers.build(model, candidate.structure, candidate.zero,
+                                mesh, candidate.layout) if proxy else None)
+    if found is None:
+      graph, outputs = _build(model, candidate.structure, candidate.zero,
+                              mesh, candidate.layout)
+      scale = None
+    else:
+      graph, outputs, scale = found.graph, found.outputs, found.scale
   candidate.exact = plan_pricing.price(graph, outputs, candidate.mesh_shape,
-                                       candidate.layout, candidate.machine)
+                                       candidate.layout, candidate.machine,
+                                       scale=scale)
 
 
 def _no_fit_message(candidates, memory_budget, num_processors):

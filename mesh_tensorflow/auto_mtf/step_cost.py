@@ -39,7 +39,7 @@ def operation_seconds_parts(cost, machine, num_processors):
   return compute, collectives
 
 
-def cost_table(estimator, validator, machine, assignments_of):
+def cost_table(estimator, validator, machine, assignments_of, scale=None):
   """{dimension set: [(assignment, seconds)]}.
 
   Operations are grouped by the splittable names their cost depends on
@@ -54,6 +54,8 @@ def cost_table(estimator, validator, machine, assignments_of):
       collective_seconds).
     assignments_of: fn(dimension set) -> the allowed assignments (dicts)
       of those names, as the layout optimizer has them.
+    scale: optional proxy_layers.Scale of a proxy graph: each operation's
+      seconds count as many times as its layer stands for.
   """
   mesh_sizes = validator.mesh_dimension_name_to_size
   num_processors = shape_lib.list_product(mesh_sizes.values())
@@ -70,6 +72,17 @@ def cost_table(estimator, validator, machine, assignments_of):
     distinct = dict(zip(signatures, operations))
     own_names = {signature: _own_names(operation)
                  for signature, operation in distinct.items()}
+    # Operations of one term share their signature's price (times their
+    # factor); the others' terms are priced one by one.
+    factors = [1] * len(operations)
+    extra = [None] * len(operations)
+    if scale is not None:
+      for i, operation in enumerate(operations):
+        terms = scale.terms(operation)
+        if len(terms) == 1:
+          factors[i] = terms[0][1]
+        else:
+          factors[i], extra[i] = 0, terms
     costs = []
     for assignment in assignments_of(dimension_set):
       pricer = cost_model.Pricer(graph, assignment, mesh_sizes,
@@ -84,8 +97,15 @@ def cost_table(estimator, validator, machine, assignments_of):
             pricer.cost(operation), machine, processors)
       # Summed in graph order, as pricing every operation would.
       seconds = 0.0
-      for signature in signatures:
-        seconds += seconds_of[signature]
+      for signature, factor, terms in zip(signatures, factors, extra):
+        seconds += factor * seconds_of[signature]
+        for term, term_factor in terms or ():
+          processors = num_processors
+          if share_replicas:
+            processors = _distinct_slices(_own_names(term), assignment,
+                                          mesh_sizes)
+          seconds += term_factor * operation_seconds(
+              pricer.cost(term), machine, processors)
       costs.append((assignment, seconds))
     table[dimension_set] = costs
   return table
