@@ -53,6 +53,11 @@ _ALIASING = frozenset([
     "Identity", "IdentityN", "Reshape", "ExpandDims", "Squeeze",
     "StopGradient", "PreventGradient", "Snapshot", "EnsureShape",
     "ReadVariableOp"])
+# Ops whose outputs are slices of their first input along its first
+# dimension, which TF hands out as views of the input's buffer when each
+# slice's bytes are a multiple of Eigen's alignment (UnpackOp, SplitOp).
+_SLICING_AXIS_0 = frozenset(["Unpack", "Split", "SplitV"])
+_EIGEN_ALIGN_BYTES = 64
 # Ops whose outputs are not the step's to allocate (arguments, constants,
 # handles).
 _NOT_ALLOCATED = frozenset([
@@ -219,8 +224,9 @@ def live_bytes_profile(tf_graph, outputs, control_outputs=(), group_of=None,
   buffer_of, size, owner = {}, {}, {}  # By tensor name.
   for op in ops:
     for t in op.outputs:
-      if op.type in _ALIASING and op.inputs:
-        buffer_of[t.name] = buffer_of[op.inputs[0].name]
+      source = _aliased_input(op)
+      if source is not None:
+        buffer_of[t.name] = buffer_of[source.name]
         continue
       buffer_of[t.name] = t.name
       owner[t.name] = (group_of(op), category_of(op))
@@ -268,6 +274,38 @@ def live_bytes_profile(tf_graph, outputs, control_outputs=(), group_of=None,
           remaining[b] = 0
     result[schedule] = {g: p for g, p in peak.items() if p["peak"]}
   return result
+
+
+def _aliased_input(op):
+  """The input whose buffer `op`'s outputs share, or None."""
+  if not op.inputs:
+    return None
+  if op.type in _ALIASING:
+    return op.inputs[0]
+  if op.type not in _SLICING_AXIS_0:
+    return None
+  x = op.inputs[1 if op.type == "Split" else 0]
+  if op.type == "Unpack":
+    axis = op.get_attr("axis")
+  else:
+    axis_input = op.inputs[0 if op.type == "Split" else 2]
+    axis = tf_constant_value(axis_input)
+    if axis is None:
+      return None
+  shape = x.shape
+  if not shape.is_fully_defined() or axis not in (0, -shape.rank):
+    return None
+  inner = x.dtype.size
+  for d in shape.as_list()[1:]:
+    inner *= d
+  return x if inner % _EIGEN_ALIGN_BYTES == 0 else None
+
+
+def tf_constant_value(t):
+  """The value of a constant tf.Tensor, else None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  value = tf.get_static_value(t)
+  return None if value is None else int(value)
 
 
 def counted(args, variant, mode):

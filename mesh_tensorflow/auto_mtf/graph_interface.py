@@ -67,6 +67,7 @@ class GraphInterface(object):
         self._tensor_by_name[tensor.name] = tensor
         self._tensor_ids[tensor.name] = (i, j)
     self._final_tensor_names = set()
+    self._alias_of = {}  # {tensor name: the tensor whose buffer it is}
     self._facts = {}
 
   # ------------------------------------------------------------ operations
@@ -193,6 +194,19 @@ class GraphInterface(object):
     self._tensor(tensor_name)
     return tensor_name in self._final_tensor_names
 
+  def set_tensor_alias(self, tensor_name, source_name):
+    """Marks the tensor as another name for `source_name`'s buffer (e.g.
+    an operation whose lowering passes its input on): it is never
+    allocated, and its readers keep the source in memory."""
+    self._tensor(tensor_name)
+    self._alias_of[tensor_name] = self.get_tensor_buffer(source_name)
+
+  def get_tensor_buffer(self, tensor_name):
+    """The name of the tensor whose buffer `tensor_name` is (itself unless
+    set_tensor_alias made it an alias)."""
+    self._tensor(tensor_name)
+    return self._alias_of.get(tensor_name, tensor_name)
+
   # ---------------------------------------------------------------- memory
 
   def compute_cost_graph(self, devices=None):
@@ -234,7 +248,8 @@ class GraphInterface(object):
     Running the operations in `schedule` order (ids into
     get_all_operation_names, assumed topological), an operation's outputs
     are allocated when it runs; then outputs nobody reads and inputs whose
-    last reader it was are freed (final tensors never are).
+    last reader it was are freed (final tensors never are). An alias
+    (set_tensor_alias) is never allocated; reading it reads its source.
 
     Returns:
       a list of frozensets of tensor names, the i-th while schedule[i]
@@ -256,17 +271,20 @@ class GraphInterface(object):
     linear in the graph where the contents take the steps times their
     sizes."""
     readers_left = self._count_readers()
+    buffer_of = self._alias_of
     deltas = []
     freed = []
     for op_id in schedule:
       op_name = self._operations[op_id].name
-      outputs = tuple(self.get_operation_output_names(op_name))
+      outputs = tuple(name for name in self.get_operation_output_names(
+          op_name) if name not in buffer_of)
       deltas.append((outputs, tuple(freed)))
       freed = []
       for name in outputs:
         if readers_left[name] == 0:
           freed.append(name)
       for name in self.get_operation_input_names(op_name):
+        name = buffer_of.get(name, name)
         readers_left[name] -= 1
         if readers_left[name] == 0:
           freed.append(name)
@@ -280,9 +298,12 @@ class GraphInterface(object):
     readers = collections.Counter()
     for name in self.get_all_tensor_names():
       readers[name] = 1 if self.is_tensor_final(name) else 0
+    for name, source in self._alias_of.items():
+      if name in self._final_tensor_names:
+        readers[source] += 1
     for op_name in self.get_all_operation_names():
       for name in self.get_operation_input_names(op_name):
-        readers[name] += 1
+        readers[self._alias_of.get(name, name)] += 1
     return readers
 
   def _tensor_facts(self, tensor_name):

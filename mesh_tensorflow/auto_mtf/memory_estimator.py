@@ -8,10 +8,14 @@ optimizer reads: a `LayoutValidator` (which assignments are allowed) and a
 marked final, so that the schedule never frees them.
 
 Changed from the original: variables (weights and optimizer slots) are
-marked final too, since they stay in memory for the whole step.
+marked final too, since they stay in memory for the whole step; the outputs
+of operations whose lowering passes a tensor on unchanged (`passed_on`) are
+aliases of it, not new buffers.
 """
 
 from mesh_tensorflow import shape as shape_lib
+from mesh_tensorflow.ops import control_flow
+from mesh_tensorflow.ops import debug
 from mesh_tensorflow.auto_mtf import graph_interface
 from mesh_tensorflow.auto_mtf import valid_layouts
 
@@ -59,5 +63,25 @@ class MemoryEstimator(object):
         interface.set_tensor_final(output.name)
       for variable in self.mtf_graph.all_variables:
         interface.set_tensor_final(variable.outputs[0].name)
+      for op in self.mtf_graph.operations:
+        for output, source in passed_on(op):
+          interface.set_tensor_alias(output.name, source.name)
       self._graph_interface = interface
     return self._graph_interface
+
+
+def passed_on(op):
+  """[(output, the tensor whose lowering it is)] of an mtf operation that
+  lowers to its input's (or forward output's) slices or to tf.identity of
+  them, which TF hands out as the same buffer: mtf.depend,
+  mtf.recompute_grad's and custom_gradient's operation, a pipeline
+  iteration's marker, a scalar summary."""
+  # Imported here: the strategies import the operations.
+  from mesh_tensorflow.strategies import pipelining  # pylint: disable=g-import-not-at-top
+  if isinstance(op, (control_flow.Depend, debug.ScalarSummaryOperation)):
+    return [(op.outputs[0], op.inputs[0])]
+  if isinstance(op, pipelining.PipelineIterationOperation):
+    return list(zip(op.outputs, op.inputs))
+  if isinstance(op, control_flow.CustomGradientOperation):
+    return list(zip(op.outputs, op._forward_outputs))  # pylint: disable=protected-access
+  return []

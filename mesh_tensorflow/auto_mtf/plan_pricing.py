@@ -8,9 +8,9 @@ their names say):
 - step time: compute, collectives and the pipeline's bubble, from the cost
   rules beside each lowering (cost_model, the accounting of
   `lowering.counters`) priced with a machine's constants;
-- peak bytes per processor, under the memory-minimizing schedule the search
-  uses: parameters, optimizer slots, gradients, activations and pipeline
-  buffers.
+- peak bytes per processor, the operations run as soon as their inputs
+  exist (as TF's executor runs them; SCHEDULE): parameters, optimizer
+  slots, gradients, activations and pipeline buffers.
 """
 
 import dataclasses
@@ -21,8 +21,15 @@ from mesh_tensorflow.auto_mtf import cost_model
 from mesh_tensorflow.auto_mtf import layout_optimizer
 from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import scheduler
+from mesh_tensorflow.auto_mtf import stage_memory
 from mesh_tensorflow.auto_mtf import step_cost
 from mesh_tensorflow.strategies import pipelining
+
+# The order the step's operations are taken to run in: each as soon as its
+# inputs exist, as TF's executor runs a graph (it keeps a first-in first-out
+# queue of the ready operations), not in the layout search's
+# memory-minimizing "LIST" order.
+SCHEDULE = "ASAP"
 
 MEMORY_PARTS = ("parameters", "optimizer_slots", "gradients", "activations",
                 "pipeline_buffers")
@@ -72,7 +79,8 @@ class PeakMemory:
     return {part: getattr(self, part) for part in MEMORY_PARTS}
 
 
-def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None):
+def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None,
+          scale=None):
   """(StepTime or None, PeakMemory) of a graph under a layout.
 
   Args:
@@ -81,18 +89,20 @@ def price(mtf_graph, mtf_outputs, mesh_shape, layout_rules, machine=None):
     mesh_shape: an mtf.Shape or spec.
     layout_rules: mtf.LayoutRules or spec (shard names need none).
     machine: a machine.MachineConstants; None prices memory only.
+    scale: optional proxy_layers.Scale: the graph is a proxy of fewer
+      layers, priced as the model it stands for.
   """
   mesh_shape = shape_lib.convert_to_shape(mesh_shape)
   layout_rules = shape_lib.convert_to_layout_rules(layout_rules)
   time = None
   if machine is not None:
-    time = step_time(mtf_graph, mesh_shape, layout_rules, machine,
+    time = step_time(mtf_graph, mesh_shape, layout_rules, machine, scale,
                      outputs=mtf_outputs)
   return time, peak_memory(mtf_graph, mtf_outputs, mesh_shape,
-                           layout_rules)
+                           layout_rules, scale)
 
 
-def step_time(mtf_graph, mesh_shape, layout_rules, machine,
+def step_time(mtf_graph, mesh_shape, layout_rules, machine, scale=None,
               outputs=()):
   """The StepTime of every operation of the graph under the layout, and of
   exporting `outputs` (cost_model.export_cost: a loss's allreduce)."""
@@ -104,10 +114,15 @@ def step_time(mtf_graph, mesh_shape, layout_rules, machine,
   stages = _pipeline_stages(mtf_graph)
   compute = collectives = bubble = 0.0
   for operation in cost_model.all_operations(mtf_graph):
-    processors = step_cost.computing_processors(operation, assignment,
-                                                mesh_sizes, machine)
-    op_compute, op_collectives = step_cost.operation_seconds_parts(
-        pricer.cost(operation), machine, processors)
+    op_compute = op_collectives = 0.0
+    for term, factor in (scale.terms(operation) if scale else
+                         ((operation, 1),)):
+      processors = step_cost.computing_processors(term, assignment,
+                                                  mesh_sizes, machine)
+      term_compute, term_collectives = step_cost.operation_seconds_parts(
+          pricer.cost(term), machine, processors)
+      op_compute += factor * term_compute
+      op_collectives += factor * term_collectives
     idle = stages.idle_fraction(operation)
     bubble += idle * (op_compute + op_collectives)
     compute += (1 - idle) * op_compute
@@ -119,25 +134,44 @@ def step_time(mtf_graph, mesh_shape, layout_rules, machine,
   return StepTime(compute=compute, collectives=collectives, bubble=bubble)
 
 
-def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules):
-  """The PeakMemory of the graph's memory-minimizing schedule (the layout
-  search's) under the layout."""
+def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
+                scale=None):
+  """The PeakMemory of the graph under the layout, run in SCHEDULE order.
+
+  The variables (parameters and slots) are held for the whole step; the
+  other tensors are alive from their operation to their last reader's.
+  """
   estimator = memory_estimator.MemoryEstimator(
       mtf_graph, mesh_shape, mtf_outputs, layout_rules.allow_uneven)
   graph = estimator.get_graph_interface()
-  schedule = scheduler.minimize_peak_memory(graph, "LIST")
+  schedule = scheduler.minimize_peak_memory(graph, SCHEDULE)
   impl = mesh_impl_lib.MeshImpl(mesh_shape, layout_rules)
   part_of = _memory_parts(mtf_graph)
   sizes = {}
   for name in graph.get_all_tensor_names():
     if graph.is_tensor_on_canonical_device(name):
       sizes[name] = _slice_bytes(impl, part_of.tensors[name])
-  deltas = graph.compute_memory_deltas_under_schedule(schedule)
-  _, at = layout_optimizer.peak_under_schedule(deltas, sizes)
-  in_memory = set()
-  for added, removed in deltas[:0 if at is None else at + 1]:
-    in_memory.difference_update(removed)
-    in_memory.update(added)
+  if scale is not None:
+    for name, weight in scale.tensor_weights(graph, schedule).items():
+      sizes[name] = sizes.get(name, 0) * weight
+  held = {v.outputs[0].name for v in mtf_graph.all_variables}
+  transient = {t: b for t, b in sizes.items() if t not in held}
+  stage_names, stages = stage_memory.stage_dimensions(
+      mtf_graph, mesh_shape, layout_rules)
+  if stages > 1:
+    _, alive = stage_memory.peak(
+        mtf_graph, transient,
+        {t for t in transient if graph.is_tensor_final(t)}, stage_names,
+        stages, {t: graph.get_tensor_buffer(t) for t in sizes
+                 if graph.get_tensor_buffer(t) != t})
+    in_memory = held | set(alive)
+  else:
+    deltas = graph.compute_memory_deltas_under_schedule(schedule)
+    _, at = layout_optimizer.peak_under_schedule(deltas, transient)
+    in_memory = set(held)
+    for added, removed in deltas[:0 if at is None else at + 1]:
+      in_memory.difference_update(set(removed) - held)
+      in_memory.update(added)
   parts = dict.fromkeys(MEMORY_PARTS, 0)
   for t in in_memory:
     parts[part_of.part(t)] += sizes.get(t, 0)

@@ -16,7 +16,7 @@ reader is no longer credited with freeing it.
 import collections
 import heapq
 
-SCHEDULER_ALGORITHMS = ("NAIVE", "LIST")
+SCHEDULER_ALGORITHMS = ("NAIVE", "LIST", "ASAP", "ALAP")
 
 
 def minimize_peak_memory(graph, scheduler_alg):
@@ -36,6 +36,8 @@ def minimize_peak_memory(graph, scheduler_alg):
     return list(range(graph.get_num_operations()))
   if scheduler_alg == "LIST":
     return _list_schedule(graph)
+  if scheduler_alg in ("ASAP", "ALAP"):
+    return _level_schedule(graph, scheduler_alg == "ASAP")
   raise NotImplementedError(
       f"{scheduler_alg!r} is not a scheduler algorithm; use one of "
       f"{', '.join(SCHEDULER_ALGORITHMS)}.")
@@ -88,3 +90,49 @@ def _list_schedule(graph):
       if waiting_on[last_reader] == 0:
         heapq.heappush(ready, (-bytes_freed[last_reader], last_reader))
   return schedule
+
+
+def _level_schedule(graph, asap):
+  """The operations by level, ties in graph order: with `asap` each runs as
+  soon as its inputs exist (its level is the longest path from a source),
+  else as late as its readers allow (the longest path to a sink, counted
+  back from the end)."""
+  names = list(graph.get_all_operation_names())
+  producer = {}
+  for i, name in enumerate(names):
+    for tensor in graph.get_operation_output_names(name):
+      producer[tensor] = i
+  preds = [sorted({producer[t] for t in graph.get_operation_input_names(name)
+                   if t in producer}) for name in names]
+  order = _topological(preds)
+  if asap:
+    depth = [0] * len(names)
+    for i in order:
+      depth[i] = 1 + max((depth[p] for p in preds[i]), default=-1)
+    return sorted(range(len(names)), key=lambda i: (depth[i], i))
+  succs = [[] for _ in names]
+  for i, ps in enumerate(preds):
+    for p in ps:
+      succs[p].append(i)
+  height = [0] * len(names)
+  for i in reversed(order):
+    height[i] = 1 + max((height[s] for s in succs[i]), default=-1)
+  top = max(height, default=0)
+  return sorted(range(len(names)), key=lambda i: (top - height[i], i))
+
+
+def _topological(preds):
+  """Operation ids in a topological order of `preds` ({id: [ids it
+  reads]})."""
+  waiting = [len(p) for p in preds]
+  succs = [[] for _ in preds]
+  for i, ps in enumerate(preds):
+    for p in ps:
+      succs[p].append(i)
+  order = [i for i, w in enumerate(waiting) if not w]
+  for i in order:  # Grows while iterating.
+    for s in succs[i]:
+      waiting[s] -= 1
+      if not waiting[s]:
+        order.append(s)
+  return order
