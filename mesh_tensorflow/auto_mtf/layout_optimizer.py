@@ -505,11 +505,15 @@ class LayoutOptimizer(object):
 
   # ---------------------------------------------------------------- solving
 
-  def solve(self, print_solution=False):
+  def solve(self, print_solution=False, explain_budget=True):
     """Solves the program and returns the layout, e.g. "a:m2;c:m1".
 
     Args:
       print_solution: also print every variable and the objective.
+      explain_budget: where no layout meets the budget, solve the memory
+        program too, for the SolverError's smallest peak (False: leave it
+        None; smallest_peak() gives it later, the planner asks only when
+        it reports it).
 
     Raises:
       SolverError: no layout was found, none meets the memory budget, or
@@ -540,6 +544,11 @@ class LayoutOptimizer(object):
                       self._max_search_seconds)
     elif status != cp_model.OPTIMAL:
       if status == cp_model.INFEASIBLE and self._memory_budget is not None:
+        if not explain_budget:
+          raise SolverError(
+              f"no layout fits memory_budget={int(self._memory_budget)} "
+              f"bytes per processor on mesh {_mesh_string(self._mesh_sizes)}"
+              ".")
         raise self._budget_error()
       raise SolverError(
           f"the layout solver found no layout (status "
@@ -552,17 +561,23 @@ class LayoutOptimizer(object):
         layout, self.constraint_sets)
     return _layout_string(layout)
 
-  def _budget_error(self):
-    """SolverError naming the budget and the smallest peak any layout
-    reaches."""
+  def smallest_peak(self):
+    """(peak bytes, layout) of the layout of least peak memory, with this
+    optimizer's sharding and fixed rules."""
     unbounded = LayoutOptimizer(self._estimator, self._scheduler_alg,
                                 objective="memory",
                                 max_search_seconds=self._max_search_seconds,
                                 shard_weight_update=self._shard_weight_update,
                                 shard_parameters=self._shard_parameters,
-                                fixed_rules=self._fixed_rules)
+                                fixed_rules=self._fixed_rules,
+                                proxy_scale=self._scale)
     smallest_layout = unbounded.solve()
-    smallest = unbounded.evaluate_layout(smallest_layout)
+    return int(unbounded.evaluate_layout(smallest_layout)), smallest_layout
+
+  def _budget_error(self):
+    """SolverError naming the budget and the smallest peak any layout
+    reaches."""
+    smallest, smallest_layout = self.smallest_peak()
     return SolverError(
         f"no layout fits memory_budget={int(self._memory_budget)} bytes per "
         f"processor on mesh {_mesh_string(self._mesh_sizes)}; the smallest "

@@ -189,6 +189,8 @@ class _Candidate:
   search_seconds: float = None
   peak: int = None
   smallest_peak: int = None
+  over_budget: bool = False
+  explainer: object = None  # Its LayoutOptimizer, until explained.
   smallest_layout: str = None
   machine: object = None  # The MachineConstants of its mesh shape.
   exact: tuple = None  # (StepTime, PeakMemory) once priced exactly.
@@ -258,6 +260,8 @@ def plan(model, num_processors, memory_budget=None, machine=None,
   fitting = sorted((c for c in search.candidates if c.fits),
                    key=lambda c: (c.search_seconds, c.peak))
   if not fitting:
+    for c in search.candidates:
+      _explain(c)
     if not search.candidates and search.unbuildable:
       raise PlanError(
           f"no structure of {type(model).__name__} can be built: " +
@@ -283,8 +287,7 @@ def plan(model, num_processors, memory_budget=None, machine=None,
       structures=len(structures) - len(search.unbuildable),
       mesh_shapes=search.mesh_shapes,
       solved=search.solved, pruned=search.pruned,
-      infeasible=sum(1 for c in search.candidates
-                     if not c.fits and c.smallest_peak is not None),
+      infeasible=sum(1 for c in search.candidates if c.over_budget),
       finalists=min(finalists, len(fitting)),
       seconds=time.perf_counter() - start)
   step_time, memory = chosen.exact
@@ -393,11 +396,12 @@ class _Search:
         self.candidates.append(candidate)
         continue
       try:
-        layout = optimizer.solve()
-      except layout_optimizer.SolverError as e:
-        candidate.smallest_peak = e.smallest_peak
-        candidate.smallest_layout = e.smallest_layout
-        self.solved += 2  # The budgeted program and the smallest peak's.
+        layout = optimizer.solve(explain_budget=False)
+      except layout_optimizer.SolverError:
+        # Its smallest peak is solved only if reported (_explain).
+        candidate.over_budget = True
+        candidate.explainer = optimizer
+        self.solved += 1
         self.candidates.append(candidate)
         too_big = True
         continue
@@ -489,9 +493,23 @@ def _no_fit_message(candidates, memory_budget, num_processors):
       "its batch smaller.")
 
 
+def _explain(candidate):
+  """Solves a candidate's smallest peak, if over budget and not yet."""
+  if candidate.explainer is not None:
+    candidate.smallest_peak, candidate.smallest_layout = (
+        candidate.explainer.smallest_peak())
+    candidate.explainer = None
+
+
 def _alternatives(chosen, candidates, memory_budget, limit):
   """The best other candidate of each structure and mesh shape, fitting
   ones first (fastest first), then the closest to fitting."""
+  fitting_keys = {(c.structure, _mesh_string(c.mesh_shape), c.zero)
+                  for c in candidates if c.fits and c is not chosen}
+  if len(fitting_keys) < limit:
+    # Over-budget ones may be listed: their smallest peaks rank them.
+    for c in candidates:
+      _explain(c)
   best_of = {}
   for c in candidates:
     if c is chosen:
