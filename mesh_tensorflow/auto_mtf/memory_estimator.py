@@ -71,17 +71,18 @@ class MemoryEstimator(object):
 
 
 def passed_on(op):
-  """[(output, the tensor whose lowering it is)] of an mtf operation that
-  lowers to its input's (or forward output's) slices or to tf.identity of
-  them, which TF hands out as the same buffer: mtf.depend,
-  mtf.recompute_grad's and custom_gradient's operation, a pipeline
-  iteration's marker, a scalar summary."""
+  """[(output, the input whose lowering it is)] of an mtf operation that
+  lowers to its input's slices or to tf.identity of them, which TF hands
+  out as the same buffer: mtf.depend, a pipeline iteration's marker, a
+  scalar summary.
+
+  Not a custom gradient's operation, though it passes on its forward
+  outputs: it does not read them, so a schedule may run it first, and the
+  source must exist before its alias is read."""
   # Imported here: the strategies import the operations.
   from mesh_tensorflow.strategies import pipelining  # pylint: disable=g-import-not-at-top
   if isinstance(op, (control_flow.Depend, debug.ScalarSummaryOperation)):
     return [(op.outputs[0], op.inputs[0])]
   if isinstance(op, pipelining.PipelineIterationOperation):
     return list(zip(op.outputs, op.inputs))
-  if isinstance(op, control_flow.CustomGradientOperation):
-    return list(zip(op.outputs, op._forward_outputs))  # pylint: disable=protected-access
   return []

@@ -143,3 +143,23 @@ def test_an_unpack_along_the_first_dimension_is_a_view():
     out = tf.add_n(parts)
     peaks = recompute_memory.peak_live_bytes(g, [out])
   assert peaks["asap"] == 4 * 16 * 4 + 16 * 4
+
+
+@pytest.mark.parametrize("algorithm", ["LIST", "ASAP"])
+def test_schedules_free_only_what_they_allocated(algorithm):
+  # A custom gradient's operation does not read the forward outputs it
+  # passes on: taken as their alias, a schedule could read them (and free
+  # them) before they were made (the layout search's KeyError).
+  from mesh_tensorflow.auto_mtf import scheduler  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    graph, outputs = _model().build(Structure(recompute_layers=2))
+  interface = memory_estimator.MemoryEstimator(
+      graph, "all:1", outputs).get_graph_interface()
+  schedule = scheduler.minimize_peak_memory(interface, algorithm)
+  alive = set()
+  for added, removed in interface.compute_memory_deltas_under_schedule(
+      schedule):
+    assert set(removed) <= alive
+    alive.difference_update(removed)
+    alive.update(added)
