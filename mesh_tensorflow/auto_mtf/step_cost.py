@@ -62,6 +62,19 @@ def cost_table(estimator, validator, machine, assignments_of, scale=None):
   splittable = validator.splittable_mtf_dimension_names
   share_replicas = bool(getattr(machine, "share_replicas", False))
   graph = estimator.mtf_graph
+  # Signatures interned in one table for every graph are comparable across
+  # graphs (they are made of rules, shapes, dtypes and neighbours' such
+  # signatures), so the prices of the operations that graphs share (the
+  # planner's structures: recompute variants, say) are reused. Only for a
+  # graph none of whose signatures were interned yet.
+  facts = cost_model._facts(graph)  # pylint: disable=protected-access
+  if not facts.signature_ids:
+    facts.signature_ids = _SHARED_SIGNATURE_IDS
+  shared = facts.signature_ids is _SHARED_SIGNATURE_IDS
+  if len(_SHARED_SECONDS) > _MAX_SHARED_SECONDS:
+    _SHARED_SECONDS.clear()
+  context = (repr(machine), tuple(mesh_sizes.items()),
+             bool(validator.allow_uneven))
   groups = collections.defaultdict(list)
   for operation in cost_model.all_operations(graph):
     names = frozenset(cost_model.cost_dimension_names(operation) & splittable)
@@ -88,13 +101,21 @@ def cost_table(estimator, validator, machine, assignments_of, scale=None):
       pricer = cost_model.Pricer(graph, assignment, mesh_sizes,
                                  validator.allow_uneven)
       seconds_of = {}
+      assignment_key = tuple(sorted(assignment.items()))
       for signature, operation in distinct.items():
+        key = (context, signature, assignment_key) if shared else None
+        found = _SHARED_SECONDS.get(key) if shared else None
+        if found is not None:
+          seconds_of[signature] = found
+          continue
         processors = num_processors
         if share_replicas:
           processors = _distinct_slices(own_names[signature], assignment,
                                         mesh_sizes)
         seconds_of[signature] = operation_seconds(
             pricer.cost(operation), machine, processors)
+        if shared:
+          _SHARED_SECONDS[key] = seconds_of[signature]
       # Summed in graph order, as pricing every operation would.
       seconds = 0.0
       for signature, factor, terms in zip(signatures, factors, extra):
@@ -109,6 +130,13 @@ def cost_table(estimator, validator, machine, assignments_of, scale=None):
       costs.append((assignment, seconds))
     table[dimension_set] = costs
   return table
+
+
+# Shared by the graphs cost_table prices (see there); the seconds of
+# (machine, mesh, uneven, signature, assignment), cleared when large.
+_SHARED_SIGNATURE_IDS = {}
+_SHARED_SECONDS = {}
+_MAX_SHARED_SECONDS = 2_000_000
 
 
 def computing_processors(operation, assignment, mesh_sizes, machine):
