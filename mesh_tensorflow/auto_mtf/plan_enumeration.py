@@ -167,8 +167,12 @@ def _mesh_candidates(model, structure, graph, outputs, mesh_shape, machine,
     try:
       layouts["memory search"] = layout_optimizer.LayoutOptimizer(
           estimator, objective="memory", fixed_rules=fixed).solve()
-    except layout_optimizer.SolverError:
-      pass
+    except (layout_optimizer.SolverError, KeyError) as e:
+      # Optional: a failure here leaves the other layouts (KeyError: the
+      # memory program's schedule steps, a known bug of tensor aliases).
+      logging.warning("enumerate_plans: no least-memory layout of %s on "
+                      "%s: %r", structure.describe(),
+                      planner._mesh_string(mesh_shape), e)  # pylint: disable=protected-access
   validator = estimator.get_layout_validator()
   layouts.update(plain_layouts(mesh_shape, validator, fixed))
   out = []
