@@ -420,7 +420,24 @@ class LayoutOptimizer(object):
   def _memory_steps(self):
     """Per schedule step, {dimension set: whole bytes of its tensors in
     memory, or _ShardedTensor: 1}, in schedule order; steps another step
-    dominates (no less of every key) are dropped."""
+    dominates (no less of every key) are dropped. The same for every
+    optimizer of one graph, schedule, sharding and dimension sets (the
+    planner's mesh shapes of one structure): computed once for them."""
+    key = (self._scheduler_alg, self._shard_weight_update,
+           self._shard_parameters, self._uneven, id(self._scale),
+           frozenset(self._tensor_dimension_set.items()),
+           tuple(sorted(self._mesh_sizes.values())) if self._uneven else ())
+    for graph, steps_of in _MEMORY_STEPS:
+      if graph is self._estimator.mtf_graph:
+        if key not in steps_of:
+          steps_of[key] = self._compute_memory_steps()
+        return steps_of[key]
+    steps_of = {key: self._compute_memory_steps()}
+    _MEMORY_STEPS[:] = _MEMORY_STEPS[-(_MAX_SCHEDULED_GRAPHS - 1):] + [
+        (self._estimator.mtf_graph, steps_of)]
+    return steps_of[key]
+
+  def _compute_memory_steps(self):
     graph = self._graph
     keyed = {}  # {tensor name: (key, amount)}
     weights = self._tensor_weights()
@@ -655,6 +672,8 @@ class LayoutOptimizer(object):
 # The schedules of the graphs searched last: {scheduler: schedule} per
 # graph (a plan searches one graph on many mesh shapes).
 _SCHEDULES = []
+# The memory steps of the graphs searched last (see _memory_steps).
+_MEMORY_STEPS = []
 _MAX_SCHEDULED_GRAPHS = 4
 
 
