@@ -59,6 +59,11 @@ COVERAGE = {
     "--gin_param=\"utils.run.plan = 'auto'\" \\": [
         "tests/transformer/test_plan_run.py::"
         "test_planned_run_trains_with_the_plan_and_records_it",
+        "tests/transformer/test_plan_run.py::"
+        "test_pipelined_plan_for_the_mesh_shapes_processors_trains "
+        "(an explicit mesh shape's processor count, as written)",
+        "tests/transformer/test_plan_run.py::"
+        "test_the_binary_splits_the_cpu_for_a_planned_mesh_shapes_processors",
         f"{PROGRAMS}::test_plan_command_plans_without_devices "
         "(on the tiny model and 2 processors: T5-11B on 512 takes minutes "
         "here)"],
