@@ -767,9 +767,13 @@ def _padded_elements(sizes, assignment, mesh_sizes):
   return product
 
 
+_MAX_DOMINATING_STEPS = 512
+
+
 def _undominated(steps):
-  """The steps ({key: amount}) no other step dominates (has no less of
-  every key), largest total first (the same total: in the given order)."""
+  """The steps ({key: amount}) none of the _MAX_DOMINATING_STEPS largest
+  kept before them dominates (has no less of every key), largest total
+  first (the same total: in the given order)."""
   columns = {}
   for step in steps:
     for key in step:
@@ -780,7 +784,11 @@ def _undominated(steps):
   for step in sorted(steps, key=lambda s: -sum(s.values())):
     index = [columns[k] for k in step]
     amounts = np.array(list(step.values()), dtype=np.int64)
-    if num_kept and (kept[:num_kept, index] >= amounts).all(axis=1).any():
+    # Against the largest kept steps only: a dominated step kept is a
+    # redundant constraint, and comparing with every kept step is
+    # quadratic in the steps (tens of thousands for T5-11B).
+    compared = min(num_kept, _MAX_DOMINATING_STEPS)
+    if compared and (kept[:compared, index] >= amounts).all(axis=1).any():
       continue
     kept[num_kept, index] = amounts
     num_kept += 1
