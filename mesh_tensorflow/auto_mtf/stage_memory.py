@@ -18,6 +18,10 @@ copy has after lowering, and runs the copies as soon as their inputs exist:
   (nothing past the ends, without wrap);
 - an operation whose outputs lack the stage dimension but some input has
   it (a sum over the stages) reads every copy of that input;
+- mtf.depend's copy waits for every stage's copy of what it depends on
+  (its lowering's control dependencies are on every processor's slices),
+  which orders a recomputed iteration after the backward pass of every
+  stage has reached it;
 - a copy on a stage the iteration leaves idle (strategies/idle_slots) is
   zeros: it reads nothing;
 - every other operation reads its inputs' copies on its own stage
@@ -28,6 +32,7 @@ Each stage's processor holds its own copies; the peak is the largest.
 
 import collections
 
+from mesh_tensorflow.ops import control_flow
 from mesh_tensorflow.ops import shifts
 from mesh_tensorflow.strategies import idle_slots
 
@@ -81,6 +86,7 @@ def peak(mtf_graph, sizes, final, stage_names, num_stages, buffer_of=None):
         mark is not None and mark.stage_dim.name in stage_names) else ()
     outputs_staged = bool(op.outputs) and all(has_stage(t)
                                               for t in op.outputs)
+    waits_for_all = isinstance(op, control_flow.Depend)
     stage_shift = (isinstance(op, shifts.ShiftOperation) and
                    op.dim.name in stage_names and not op.wrap)
     for s in range(num_stages):
@@ -88,10 +94,12 @@ def peak(mtf_graph, sizes, final, stage_names, num_stages, buffer_of=None):
         reads[i, s] = ()
         continue
       copies = []
-      for t in op.inputs:
+      for k, t in enumerate(op.inputs):
         if t.name not in producer:
           continue
-        if stage_shift:
+        if waits_for_all and k > 0:
+          copies.extend((t.name, r) for r in range(num_stages))
+        elif stage_shift:
           if 0 <= s - op.offset < num_stages:
             copies.append((t.name, s - op.offset))
         elif has_stage(t) and not outputs_staged:
