@@ -224,9 +224,12 @@ _MAX_GRAPHS = 4
 
 
 def _facts(graph):
+  # The operations' count without a copy of their list (Graph.operations
+  # copies it; this is called once per operation priced).
+  num_operations = len(getattr(graph, "_operations", None) or
+                       graph.operations)
   for facts in _FACTS:
-    if facts.graph is graph and facts.num_operations == len(
-        graph.operations):
+    if facts.graph is graph and facts.num_operations == num_operations:
       return facts
   facts = _GraphFacts(graph)
   _FACTS[:] = [f for f in _FACTS if f.graph is not graph][-(_MAX_GRAPHS - 1):]
