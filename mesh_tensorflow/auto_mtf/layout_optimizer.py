@@ -101,7 +101,8 @@ class LayoutOptimizer(object):
 
     Args:
       memory_estimator: a memory_estimator.MemoryEstimator.
-      scheduler_alg: "LIST" or "NAIVE", see scheduler.minimize_peak_memory.
+      scheduler_alg: one of scheduler.SCHEDULER_ALGORITHMS ("LIST", the
+        original's, orders to save memory; "ASAP" as TF's executor runs).
       objective: "memory" (minimize peak memory, the original's) or "time"
         (minimize predicted step time).
       memory_budget: optional bytes per processor the peak must not exceed.

@@ -362,8 +362,8 @@ class _Search:
       fixed[self._model.stage_dimension_name] = STAGE_MESH_DIMENSION
     try:
       free = layout_optimizer.LayoutOptimizer(
-          estimator, objective="time", machine=constants, fixed_rules=fixed,
-          proxy_scale=scale)
+          estimator, scheduler_alg=plan_pricing.SCHEDULE, objective="time",
+          machine=constants, fixed_rules=fixed, proxy_scale=scale)
       free_layout = free.solve()
     except (layout_optimizer.SolverError, ValueError) as e:
       logging.info("plan: %s on %s has no layout: %s",
@@ -382,8 +382,11 @@ class _Search:
         self.candidates.append(candidate)
         continue
       weight_update, parameters = plan_space.zero_flags(zero)
+      # In the order the exact pricing runs the step (as TF's executor
+      # does), so that what the search admits the pricing mostly keeps.
       optimizer = layout_optimizer.LayoutOptimizer(
-          estimator, objective="time", memory_budget=self._budget,
+          estimator, scheduler_alg=plan_pricing.SCHEDULE, objective="time",
+          memory_budget=self._budget,
           machine=constants, shard_weight_update=weight_update,
           shard_parameters=parameters, fixed_rules=fixed,
           step_costs=free.step_costs, proxy_scale=scale)
