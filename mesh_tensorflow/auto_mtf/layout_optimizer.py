@@ -160,7 +160,18 @@ class LayoutOptimizer(object):
           memory_estimator, self._layout_validator, machine,
           self._assignments_of, proxy_scale)
       self._dimension_sets |= set(self._step_costs)
-    self._model = None  # The program, built on the first solve().
+    self._program = None  # Built on first use (see _model).
+
+  @property
+  def _model(self):
+    """The CP-SAT program, built on first use: the planner prices many
+    layouts with optimizers it never solves."""
+    if self._program is None:
+      self._program = self._cp_model.CpModel()
+      self._initialize_variables()
+      self._add_constraints()
+      self._build_objective_function()
+    return self._program
 
   def _checked_fixed_rules(self, fixed_rules):
     """The fixed rules, each an assignment the validator allows."""
@@ -538,11 +549,6 @@ class LayoutOptimizer(object):
         the solver's layout fails validation.
     """
     cp_model = self._cp_model
-    if self._model is None:
-      self._model = cp_model.CpModel()
-      self._initialize_variables()
-      self._add_constraints()
-      self._build_objective_function()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = self._max_search_seconds
     solver.parameters.num_workers = 1  # deterministic among equal optima

@@ -59,8 +59,9 @@ def test_optimize_layout():
 def test_optimize_layout_repetition_keeps_the_program_small():
   optimizer = _einsum_graph(repeat=100)
   assert len(list(optimizer._graph.get_all_operation_names())) >= 50
-  layout = optimizer.solve()  # Builds the program.
+  # Before any solve, as the original's test reads it.
   assert len(optimizer._model.Proto().variables) <= 50
+  layout = optimizer.solve()
   assert layout == "a:m2;c:m1"
   _assert_best(optimizer, layout)
 
