@@ -13,6 +13,7 @@ import pytest
 
 from tests import mtf_testing
 from tests import this_checkout
+from tests import xdist_groups
 
 mtf_testing.configure_logical_devices()
 this_checkout.import_transformer()
@@ -52,27 +53,12 @@ def shared_result(tmp_path_factory):
   return get
 
 
+# Keeps each module with a module- or class-scoped fixture on one xdist
+# worker (pytest finds the hook here by its name).
+pytest_collection_modifyitems = xdist_groups.pytest_collection_modifyitems
+
+
 def pytest_configure(config):
   # pytest-xdist's mark; declared here too for runs with -p no:xdist.
   config.addinivalue_line(
       "markers", "xdist_group(name): run these tests on one xdist worker")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-  """Keeps each module with a module- or class-scoped fixture on one worker.
-
-  Such fixtures (a training run, a decode, a built wheel) are computed once
-  per worker that runs any of the module's tests, and xdist's default
-  scheduling deals tests out one by one: a module split over both workers
-  computed them twice. With `--dist loadgroup` (the Makefile's) each of
-  these modules is one unit; other tests are still dealt out one by one.
-  Runs first, so that xdist's own hook sees the marks.
-  """
-  for item in items:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-      continue
-    scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs}
-    if scopes & {"module", "class"}:
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
