@@ -370,10 +370,12 @@ def test_tf1_checkpoint_with_original_names_initialises_fine_tuning(
                                      num_dev=8, num_test=8)
   output_dir = str(tmp_path / "output")
   # One step whose learning rate is 0 (the first of the warm-up): the
-  # checkpoint it writes holds the weights fine-tuning started from.
+  # checkpoint it writes holds the weights fine-tuning started from. On one
+  # processor, quickest to lower: checkpoints do not depend on the mesh
+  # (fine_tuned restores one on the default batch:8).
   run_main(**files, data_dir=data_dir, output_dir=output_dir,
            init_checkpoint=checkpoint, do_train=True, train_batch_size=8,
-           num_train_epochs=1, warmup_proportion=1.0)
+           num_train_epochs=1, warmup_proportion=1.0, mesh_shape="batch:1")
   saved = tf.train.latest_checkpoint(output_dir)
   assert saved.endswith("model.ckpt-1")  # The step was not restored.
   # The model's variables (not Adam's slots, the step or the estimator's
@@ -405,7 +407,7 @@ def test_googles_checkpoint_initialises_fine_tuning(files, tmp_path):
   output_dir = tmp_path / "output"
   run_main(**files, data_dir=data_dir, output_dir=str(output_dir),
            init_checkpoint=checkpoint, do_train=True, train_batch_size=8,
-           num_train_epochs=1, warmup_proportion=1.0)
+           num_train_epochs=1, warmup_proportion=1.0, mesh_shape="batch:1")
   assert (output_dir / "google_init").is_dir()
   saved = tf.train.latest_checkpoint(str(output_dir))
   assert saved.endswith("model.ckpt-1")  # Weights only, not the step.
