@@ -191,6 +191,7 @@ class _GraphFacts:
           self.num_consumers[t] = self.num_consumers.get(t, 0) + 1
     self.infos = {}
     self.signature_ids = {}
+    self.stage_names = None  # unshared_replica_names' pipelines.
 
   def intern(self, signature):
     """A small int standing for `signature` (a tuple of ints and facts):
@@ -478,6 +479,30 @@ def runs_on_every_processor(operation):
   MachineConstants.share_replicas): an Assign writes each processor's own
   variables, replicated or not."""
   return isinstance(operation, variables_ops.Assign)
+
+
+def unshared_replica_names(operation):
+  """The names of `operation` whose split keeps replicas from sharing its
+  computation (MachineConstants.share_replicas): the stage dimension of a
+  pipeline it computes in. Split over the mesh, a pipeline gives each
+  idle stage's processors their own zeros and hands each processor its
+  own shifted copy, so every processor computes the stage's operations,
+  replicas included; a variable's read stays shared."""
+  if isinstance(operation, variables_ops.Variable):
+    return frozenset()
+  facts = _facts(operation.graph)
+  if facts.stage_names is None:
+    # Imported here: the strategies package imports the ops this module's
+    # rules come from.
+    from mesh_tensorflow.strategies import pipelining  # pylint: disable=g-import-not-at-top
+    facts.stage_names = frozenset(
+        info.stage_dim.name
+        for info in pipelining.pipeline_infos(operation.graph))
+  if not facts.stage_names:
+    return frozenset()
+  return facts.stage_names.intersection(
+      name for t in operation.inputs + operation.outputs
+      for name in t.shape.dimension_names)
 
 
 def export_cost(mtf_graph, outputs, assignment, mesh_dimension_to_size,

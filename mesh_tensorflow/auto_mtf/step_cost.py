@@ -149,19 +149,27 @@ def computing_processors(operation, assignment, mesh_sizes, machine):
 
 
 def _own_names(operation):
-  """The dimension names of an operation's inputs and outputs; None for
-  one every processor runs even with shared replicas (an Assign)."""
+  """(the dimension names of an operation's inputs and outputs, those of
+  them whose split unshares replicas: cost_model.unshared_replica_names);
+  None for one every processor runs even with shared replicas (an
+  Assign)."""
   if cost_model.runs_on_every_processor(operation):
     return None
-  return frozenset(name for tensor in operation.inputs + operation.outputs
-                   for name in tensor.shape.dimension_names)
+  return (frozenset(name for tensor in operation.inputs + operation.outputs
+                    for name in tensor.shape.dimension_names),
+          cost_model.unshared_replica_names(operation))
 
 
 def _distinct_slices(own_names, assignment, mesh_sizes):
-  """How many processors compute an operation of `own_names` with shared
-  replicas: one per distinct slice (the product of the sizes of the mesh
-  dimensions its own dimensions are split over); all of them for None."""
+  """How many processors compute an operation of `own_names` (_own_names)
+  with shared replicas: one per distinct slice (the product of the sizes
+  of the mesh dimensions its own dimensions are split over); all of them
+  for None or when a name that unshares replicas is split."""
+  if own_names is not None and any(
+      name in assignment for name in own_names[1]):
+    own_names = None
   if own_names is None:
     return shape_lib.list_product(mesh_sizes.values())
+  own_names = own_names[0]
   used = {assignment[name] for name in own_names if name in assignment}
   return shape_lib.list_product(mesh_sizes[m] for m in used)

@@ -53,3 +53,30 @@ def test_replicated_assigns_run_on_every_processor(step):
   search = layout_optimizer.LayoutOptimizer(estimator, objective="time",
                                             machine=MACHINE)
   assert search.evaluate_step_seconds("") == pytest.approx(eight.total)
+
+
+def test_pipeline_stages_compute_on_every_replica():
+  # A pipeline's stage operations are not shared by replicas: the idle
+  # stages' zeros and the stage shift give each processor its own copies
+  # (a lowered S=2 step on stage:2;b:4 has every einsum on all 8 CPUs).
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    graph, _ = MODEL.build(plan_space.Structure(2, 2, 0))
+  sizes = {"stage": 2, "b": 4}
+  assignment = {"stage": "stage"}
+  stage_ops = [op for op in cost_model.all_operations(graph)
+               if isinstance(op, mtf.EinsumOperation)
+               and "stage" in op.outputs[0].shape.dimension_names]
+  variables = [op for op in cost_model.all_operations(graph)
+               if isinstance(op, mtf.Variable)
+               and "stage" in op.outputs[0].shape.dimension_names]
+  assert stage_ops and variables
+  for op in stage_ops:
+    assert step_cost.computing_processors(op, assignment, sizes,
+                                          MACHINE) == 8, op.name
+  for op in variables:  # Each replica reads the first one's copy.
+    assert step_cost.computing_processors(op, assignment, sizes,
+                                          MACHINE) == 2, op.name
+  # Unsplit, the stages run one after another on shared replicas.
+  for op in stage_ops:
+    assert step_cost.computing_processors(op, {}, sizes, MACHINE) == 1
