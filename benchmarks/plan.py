@@ -51,6 +51,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
@@ -74,6 +75,10 @@ def parse_args(argv):
                  help="timed rounds (one step of every plan each)")
   p.add_argument("--warmup", type=int, default=2,
                  help="untimed steps of each plan first (tracing)")
+  p.add_argument("--build_budget", type=float, default=None,
+                 help="seconds for tracing the plans' steps; plans not "
+                 "built by then are logged and left out (time-boxes the "
+                 "tiny Transformers, whose pipelined steps trace slowly)")
   p.add_argument("--check_steps", type=int, default=3,
                  help="steps whose loss is compared with one processor's")
   p.add_argument("--layers", type=int, default=8)
@@ -339,7 +344,13 @@ def measure(tf, mtf, cases, args):
   run (interleaved rounds, bench_util.interleaved_times); failures are
   logged and left out."""
   steps = {}
+  start = time.perf_counter()
   for i, case in enumerate(cases):
+    if (args.build_budget is not None and
+        time.perf_counter() - start > args.build_budget):
+      bench_util.log(f"{case.label}: not built (--build_budget "
+                     f"{args.build_budget:g} s spent)")
+      continue
     try:
       step = make_step(tf, mtf, case)
       step.get_concrete_function()
