@@ -68,6 +68,8 @@ class GraphInterface(object):
         self._tensor_ids[tensor.name] = (i, j)
     self._final_tensor_names = set()
     self._alias_of = {}  # {tensor name: the tensor whose buffer it is}
+    # {operation name: groups of its inputs, each read once all exist}.
+    self._apart = {}
     self._facts = {}
 
   # ------------------------------------------------------------ operations
@@ -201,6 +203,32 @@ class GraphInterface(object):
     self._tensor(tensor_name)
     self._alias_of[tensor_name] = self.get_tensor_buffer(source_name)
 
+  def set_operation_reads_apart(self, operation_name, groups=()):
+    """Marks the operation as one whose lowering takes its inputs apart,
+    each as soon as it exists (mtf.Assign: one TF assignment per
+    variable), not once all of them exist: an input it alone reads is
+    freed as soon as made.
+
+    Args:
+      operation_name: the operation's name.
+      groups: optional iterables of its input names taken together, once
+        the last of the group exists (autostacked variables' new values,
+        stacked before they are assigned); each member is held until then.
+    """
+    self._operation(operation_name)
+    inputs = set(self.get_operation_input_names(operation_name))
+    groups = tuple(tuple(dict.fromkeys(g)) for g in groups)
+    for group in groups:
+      for name in group:
+        if name not in inputs:
+          raise ValueError(f"{name!r} is not an input of {operation_name!r}.")
+    self._apart[operation_name] = tuple(g for g in groups if len(g) > 1)
+
+  def get_operation_apart_groups(self, operation_name):
+    """The groups of set_operation_reads_apart, or None if the operation
+    reads its inputs together."""
+    return self._apart.get(operation_name)
+
   def get_tensor_buffer(self, tensor_name):
     """The name of the tensor whose buffer `tensor_name` is (itself unless
     set_tensor_alias made it an alias)."""
@@ -272,6 +300,13 @@ class GraphInterface(object):
     sizes."""
     readers_left = self._count_readers()
     buffer_of = self._alias_of
+    # An apart operation's group is read when its last member is made.
+    groups = self._group_buffers()
+    members_left = [set(g) for g in groups]
+    groups_of = collections.defaultdict(list)
+    for g, members in enumerate(groups):
+      for name in members:
+        groups_of[name].append(g)
     deltas = []
     freed = []
     for op_id in schedule:
@@ -283,6 +318,17 @@ class GraphInterface(object):
       for name in outputs:
         if readers_left[name] == 0:
           freed.append(name)
+      for name in outputs:
+        for g in groups_of.get(name, ()):
+          members_left[g].discard(name)
+          if members_left[g]:
+            continue
+          for member in groups[g]:
+            readers_left[member] -= 1
+            if readers_left[member] == 0:
+              freed.append(member)
+      if op_name in self._apart:
+        continue
       for name in self.get_operation_input_names(op_name):
         name = buffer_of.get(name, name)
         readers_left[name] -= 1
@@ -302,9 +348,19 @@ class GraphInterface(object):
       if name in self._final_tensor_names:
         readers[source] += 1
     for op_name in self.get_all_operation_names():
+      if op_name in self._apart:
+        continue
       for name in self.get_operation_input_names(op_name):
         readers[self._alias_of.get(name, name)] += 1
+    for members in self._group_buffers():
+      for name in members:
+        readers[name] += 1
     return readers
+
+  def _group_buffers(self):
+    """[buffer names] of each group of the apart operations, once each."""
+    return [sorted({self._alias_of.get(name, name) for name in group})
+            for groups in self._apart.values() for group in groups]
 
   def _tensor_facts(self, tensor_name):
     """(tf.DType, number of entries, mtf dimension names, their sizes) of

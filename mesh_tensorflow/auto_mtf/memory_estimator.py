@@ -10,12 +10,15 @@ marked final, so that the schedule never frees them.
 Changed from the original: variables (weights and optimizer slots) are
 marked final too, since they stay in memory for the whole step; the outputs
 of operations whose lowering passes a tensor on unchanged (`passed_on`) are
-aliases of it, not new buffers.
+aliases of it, not new buffers; with `assign_apart`, an mtf.Assign reads
+its new values apart, each as TF assigns it, as soon as it exists
+(autostacked variables' values together, given `stack_groups`).
 """
 
 from mesh_tensorflow import shape as shape_lib
 from mesh_tensorflow.ops import control_flow
 from mesh_tensorflow.ops import debug
+from mesh_tensorflow.ops import variables as variables_lib
 from mesh_tensorflow.auto_mtf import graph_interface
 from mesh_tensorflow.auto_mtf import valid_layouts
 
@@ -36,11 +39,19 @@ class MemoryEstimator(object):
   """
 
   def __init__(self, mtf_graph, mesh_shape, mtf_outputs=(),
-               allow_uneven=False):
+               allow_uneven=False, assign_apart=False, stack_groups=None):
     """Args: an mtf.Graph, the mesh shape (mtf.Shape or spec), an
-    optional iterable of the computation's output mtf Tensors, and whether
-    layouts may split dimensions unevenly (padded; LayoutValidator)."""
+    optional iterable of the computation's output mtf Tensors, whether
+    layouts may split dimensions unevenly (padded; LayoutValidator),
+    whether an mtf.Assign reads its new values apart (as TF assigns them;
+    plan_pricing's account: the layout search, whose proxies and LIST
+    schedule assume one read, keeps the original's), and optionally
+    {mtf Variable: its autostack group} (storage.autostack.plan under the
+    layout: their new values are stacked, each group once all of its
+    values exist, before they are assigned)."""
     self.mtf_graph = mtf_graph
+    self.assign_apart = bool(assign_apart)
+    self.stack_groups = stack_groups or {}
     self.mesh_shape = shape_lib.convert_to_shape(mesh_shape)
     self.mtf_outputs = tuple(mtf_outputs)
     self.allow_uneven = bool(allow_uneven)
@@ -66,8 +77,22 @@ class MemoryEstimator(object):
       for op in self.mtf_graph.operations:
         for output, source in passed_on(op):
           interface.set_tensor_alias(output.name, source.name)
+        if self.assign_apart and isinstance(op, variables_lib.Assign):
+          interface.set_operation_reads_apart(
+              op.name, assign_groups(op, self.stack_groups))
       self._graph_interface = interface
     return self._graph_interface
+
+
+def assign_groups(op, stack_groups):
+  """[[input names]] of an mtf.Assign's new values stacked together (those
+  of variables of one group of `stack_groups`, {Variable: group})."""
+  groups = {}
+  for var, value in zip(op.variables, op.inputs):
+    group = stack_groups.get(getattr(var, "variable", var))
+    if group is not None:
+      groups.setdefault(id(group), []).append(value.name)
+  return [g for g in groups.values() if len(g) > 1]
 
 
 def passed_on(op):

@@ -9,7 +9,9 @@ their names say):
   rules beside each lowering (cost_model, the accounting of
   `lowering.counters`) priced with a machine's constants;
 - peak bytes per processor, the operations run as soon as their inputs
-  exist (as TF's executor runs them; SCHEDULE): parameters, optimizer
+  exist (as TF's executor runs them; SCHEDULE), the variables stored as
+  PlacementMeshImpl stores them (autostacked: same-shaped variables
+  assigned together get their new values stacked): parameters, optimizer
   slots, gradients, activations and pipeline buffers.
 """
 
@@ -23,6 +25,7 @@ from mesh_tensorflow.auto_mtf import memory_estimator
 from mesh_tensorflow.auto_mtf import scheduler
 from mesh_tensorflow.auto_mtf import stage_memory
 from mesh_tensorflow.auto_mtf import step_cost
+from mesh_tensorflow.storage import autostack
 from mesh_tensorflow.strategies import pipelining
 
 # The order the step's operations are taken to run in: each as soon as its
@@ -141,11 +144,14 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
   The variables (parameters and slots) are held for the whole step; the
   other tensors are alive from their operation to their last reader's.
   """
+  impl = _StackingMeshImpl(mesh_shape, layout_rules)
   estimator = memory_estimator.MemoryEstimator(
-      mtf_graph, mesh_shape, mtf_outputs, layout_rules.allow_uneven)
+      mtf_graph, mesh_shape, mtf_outputs, layout_rules.allow_uneven,
+      assign_apart=True, stack_groups=autostack.plan(
+          mtf_graph, {v.mesh: impl for v in mtf_graph.all_variables},
+          **(mtf_graph.stacking_limits or {})))
   graph = estimator.get_graph_interface()
   schedule = scheduler.minimize_peak_memory(graph, SCHEDULE)
-  impl = mesh_impl_lib.MeshImpl(mesh_shape, layout_rules)
   part_of = _memory_parts(mtf_graph)
   sizes = {}
   for name in graph.get_all_tensor_names():
@@ -176,6 +182,15 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
   for t in in_memory:
     parts[part_of.part(t)] += sizes.get(t, 0)
   return PeakMemory(**parts)
+
+
+class _StackingMeshImpl(mesh_impl_lib.MeshImpl):
+  """The layout's slices, stacked as PlacementMeshImpl stacks variables
+  (on more than one processor)."""
+
+  @property
+  def supports_autostack(self):
+    return self.size > 1
 
 
 def _slice_bytes(impl, tensor):

@@ -24,6 +24,9 @@ copy has after lowering, and runs the copies as soon as their inputs exist:
   stage has reached it;
 - a copy on a stage the iteration leaves idle (strategies/idle_slots) is
   zeros: it reads nothing;
+- an mtf.Assign reads its new values apart, each as soon as it exists
+  (GraphInterface.set_operation_reads_apart): a group of them that is
+  stacked (autostack) is read by the copy that makes its last member;
 - every other operation reads its inputs' copies on its own stage
   (operations without the stage dimension run on every processor).
 
@@ -53,7 +56,8 @@ def stage_dimensions(mtf_graph, mesh_shape, layout_rules):
   return names, stages
 
 
-def peak(mtf_graph, sizes, final, stage_names, num_stages, buffer_of=None):
+def peak(mtf_graph, sizes, final, stage_names, num_stages, buffer_of=None,
+         apart=None):
   """(peak bytes, {tensor name: bytes alive at the peak}) of the stage
   processor whose peak is largest.
 
@@ -67,8 +71,12 @@ def peak(mtf_graph, sizes, final, stage_names, num_stages, buffer_of=None):
     buffer_of: optional {tensor name: the tensor whose buffer it is} of the
       aliases (GraphInterface.set_tensor_alias): never allocated; reading
       one reads its source.
+    apart: optional {operation name: groups of its input names} of the
+      operations that read their inputs apart
+      (GraphInterface.get_operation_apart_groups).
   """
   buffer_of = buffer_of or {}
+  apart = apart or {}
   ops = list(mtf_graph.operations)
   producer = {}
   for i, op in enumerate(ops):
@@ -112,6 +120,17 @@ def peak(mtf_graph, sizes, final, stage_names, num_stages, buffer_of=None):
     for s in range(num_stages):
       level[i, s] = 1 + max(
           (level[producer[name], r] for name, r in reads[i, s]), default=-1)
+  for i, s in list(reads):
+    groups = apart.get(ops[i].name)
+    if groups is None:
+      continue
+    reads[i, s] = ()
+    for group in groups:
+      # A stage's processor stacks its own copies.
+      copies = [(name, s) for name in group if name in producer]
+      if copies:
+        last = max((level[producer[n], r], producer[n], r) for n, r in copies)
+        reads[last[1:]] += tuple(copies)
   readers_left = collections.Counter()
   for node, node_reads in reads.items():
     reads[node] = tuple(dict.fromkeys(
