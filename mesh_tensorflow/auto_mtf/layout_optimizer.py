@@ -382,31 +382,63 @@ class LayoutOptimizer(object):
               putting[(d, m)]))
     if self._objective == "memory" or self._memory_budget is not None:
       # Else z is free and these constraints cannot change the pick.
-      for bytes_by_set in self._memory_steps():
-        model.add(self._memory_expression(bytes_by_set) <= self._memory_var)
+      # What most steps hold (the variables, and their slots, say) is one
+      # expression bounded once, not repeated in every step's sum; so is
+      # each prefix of a chain of tensors held in nested steps (_cohorts).
+      chains, common, rest = self._memory_steps()
+      self._cohort_vars = {}
+      for i, chain in enumerate(chains):
+        total, bound = 0, 0
+        for length, (key, amount) in enumerate(chain, 1):
+          expression, most = self._memory_expression({key: amount})
+          bound += most
+          prefix = model.new_int_var(0, max(bound, 1),
+                                     f"cohort_{i}_{length}")
+          model.add(prefix == total + expression)
+          self._cohort_vars[(i, length)] = (prefix, bound)
+          total = prefix
+      resident = 0
+      if common:
+        expression, most = self._memory_expression(common)
+        resident = model.new_int_var(0, max(most, 1), "resident")
+        model.add(resident == expression)
+      for bytes_by_set in rest:
+        expression = (self._memory_expression(bytes_by_set)[0]
+                      if bytes_by_set else 0)
+        model.add(expression + resident <= self._memory_var)
     if self._memory_budget is not None:
       model.add(self._memory_var <= int(self._memory_budget))
 
   def _memory_expression(self, bytes_by_set):
-    """Bytes per processor of a step's tensors, as a linear expression."""
+    """(bytes per processor of a step's tensors as a linear expression,
+    its largest value)."""
     variables = []
     coefficients = []
+    most = 0
     for key, whole_bytes in bytes_by_set.items():
+      if isinstance(key, _Cohort):
+        cohort, cohort_most = self._cohort_vars[key]
+        variables.append(cohort)
+        coefficients.append(whole_bytes)
+        most += max(whole_bytes * cohort_most, 0)
+        continue
       if isinstance(key, _ShardedTensor):
         dimension_set = self._tensor_dimension_set[key.name]
-        coefficients += [whole_bytes * b
-                         for b in self._sharded_bytes(key.name)]
+        terms = [whole_bytes * b for b in self._sharded_bytes(key.name)]
       elif isinstance(key, _PaddedKey):
         dimension_set = key.dimension_set
-        coefficients += [whole_bytes * _padded_elements(key.sizes, a,
-                                                        self._mesh_sizes)
-                         for a in self._assignments_of(dimension_set)]
+        terms = [whole_bytes * _padded_elements(key.sizes, a,
+                                                self._mesh_sizes)
+                 for a in self._assignments_of(dimension_set)]
       else:
         dimension_set = key
-        coefficients += [-(-whole_bytes // divisor)
-                         for divisor in self._divisors(key)]
+        terms = [-(-whole_bytes // divisor)
+                 for divisor in self._divisors(key)]
+      coefficients += terms
+      most += max(terms, default=0)
       variables += self._local_vars[dimension_set]
-    return self._cp_model.LinearExpr.weighted_sum(variables, coefficients)
+    return (self._cp_model.LinearExpr.weighted_sum(variables, coefficients),
+            most)
 
   def _divisors(self, dimension_set):
     """Per assignment of `dimension_set` (in order), how many slices it
@@ -430,11 +462,15 @@ class LayoutOptimizer(object):
     return found
 
   def _memory_steps(self):
-    """Per schedule step, {dimension set: whole bytes of its tensors in
-    memory, or _ShardedTensor: 1}, in schedule order; steps another step
-    dominates (no less of every key) are dropped. The same for every
-    optimizer of one graph, schedule, sharding and dimension sets (the
-    planner's mesh shapes of one structure): computed once for them."""
+    """(chains, common, steps): per schedule step, {dimension set: whole
+    bytes of its tensors in memory, or _ShardedTensor: 1}, in schedule
+    order; steps another step dominates (no less of every key) are
+    dropped; keys held in nested steps are chained into _Cohort keys (see
+    _cohorts); what most steps hold (each key's most frequent amount) is
+    taken out of them into `common` (see _split_common). The same for
+    every optimizer of one graph, schedule, sharding and dimension sets
+    (the planner's mesh shapes of one structure): computed once for
+    them."""
     key = (self._scheduler_alg, self._shard_weight_update,
            self._shard_parameters, self._uneven, id(self._scale),
            frozenset(self._tensor_dimension_set.items()),
@@ -459,25 +495,31 @@ class LayoutOptimizer(object):
       elif graph.is_tensor_on_canonical_device(t):
         key, amount = self._memory_key(t)
         keyed[t] = (key, amount * weights.get(t, 1))
-    # Consecutive steps differ by a few tensors: update the totals.
-    totals = {}
-    counts = collections.Counter()
-    steps = {}
+    # Keys as columns (in _key_order); consecutive steps differ by a few
+    # tensors: update a row of totals, keep each distinct row once.
+    keys = sorted({key for key, _ in keyed.values()},
+                  key=lambda k: _key_order((k, 0)))
+    column = {key: i for i, key in enumerate(keys)}
+    keyed = {t: (column[key], amount) for t, (key, amount) in keyed.items()}
+    totals = np.zeros(len(keys), dtype=np.int64)
+    seen = set()
+    rows = []
     for added, removed in self._schedule_deltas():
       for t in removed:
         if t in keyed:
-          key, amount = keyed[t]
-          totals[key] -= amount
-          counts[key] -= 1
-          if not counts[key]:
-            del totals[key], counts[key]
+          i, amount = keyed[t]
+          totals[i] -= amount
       for t in added:
         if t in keyed:
-          key, amount = keyed[t]
-          totals[key] = totals.get(key, 0) + amount
-          counts[key] += 1
-      steps.setdefault(frozenset(totals.items()), None)
-    return _undominated([dict(sorted(s, key=_key_order)) for s in steps])
+          i, amount = keyed[t]
+          totals[i] += amount
+      row = totals.tobytes()
+      if row not in seen:
+        seen.add(row)
+        rows.append(totals.copy())
+    if not rows:
+      return {}, []
+    return _split_common(*_cohorts(_undominated(np.array(rows)), keys))
 
   def _build_objective_function(self):
     scale = len(self._layout_validator.splittable_mtf_dimension_names) + 1
@@ -778,29 +820,96 @@ _MAX_DOMINATING_STEPS = 512
 
 
 def _undominated(steps):
-  """The steps ({key: amount}) none of the _MAX_DOMINATING_STEPS largest
-  kept before them dominates (has no less of every key), largest total
-  first (the same total: in the given order)."""
-  columns = {}
-  for step in steps:
-    for key in step:
-      columns.setdefault(key, len(columns))
-  kept = np.zeros((len(steps), len(columns)), dtype=np.int64)
+  """The rows of `steps` (a steps x keys matrix of amounts) none of the
+  _MAX_DOMINATING_STEPS largest kept before them dominates (has no less
+  of every key), largest total first (the same total: in the given
+  order)."""
+  order = np.argsort(-steps.sum(axis=1), kind="stable")
+  kept = np.zeros_like(steps)
   num_kept = 0
-  result = []
-  for step in sorted(steps, key=lambda s: -sum(s.values())):
-    index = [columns[k] for k in step]
-    amounts = np.array(list(step.values()), dtype=np.int64)
+  for i in order:
+    row = steps[i]
     # Against the largest kept steps only: a dominated step kept is a
     # redundant constraint, and comparing with every kept step is
     # quadratic in the steps (tens of thousands for T5-11B).
     compared = min(num_kept, _MAX_DOMINATING_STEPS)
-    if compared and (kept[:compared, index] >= amounts).all(axis=1).any():
+    if compared and (kept[:compared] >= row).all(axis=1).any():
       continue
-    kept[num_kept, index] = amounts
+    kept[num_kept] = row
     num_kept += 1
-    result.append(step)
-  return result
+  return kept[:num_kept]
+
+
+class _Cohort(collections.namedtuple("_Cohort", ["index", "length"])):
+  """A memory step's key for the first `length` keys of chain `index` of
+  _cohorts, which a step holds (each at its one amount) and no others of
+  the chain."""
+
+
+def _cohorts(steps, keys):
+  """(steps, keys, chains): keys every step holds at one amount or not at
+  all are chained where the steps holding each hold the next's too
+  (optimizer slots an ASAP schedule allocates one by one, never freed);
+  a step holding the first k keys of a chain and no others has amount 1
+  of _Cohort(chain, k) instead of those k keys. chains lists each's
+  [(key, amount)], in order. Exact: a step's bytes are linear in its
+  amounts, and the first k keys' bytes are one expression (the
+  constraints bound each prefix once, not in every step)."""
+  present = {}
+  for j in range(steps.shape[1]):
+    column = steps[:, j]
+    held = column != 0
+    values = np.unique(column[held])
+    if len(values) == 1:
+      present[j] = (held, int(values[0]))
+  chains = []  # Lists of column indices, each held by a subset of the last.
+  for j in sorted(present, key=lambda j: -int(present[j][0].sum())):
+    held = present[j][0]
+    for chain in chains:
+      if not (held & ~present[chain[-1]][0]).any():
+        chain.append(j)
+        break
+    else:
+      chains.append([j])
+  chains = [chain for chain in chains if len(chain) > 1]
+  if not chains:
+    return steps, keys, []
+  merged = {j for chain in chains for j in chain}
+  kept = [j for j in range(steps.shape[1]) if j not in merged]
+  new_keys = [keys[j] for j in kept]
+  new_columns = [steps[:, kept]]
+  for index, chain in enumerate(chains):
+    lengths = sum(present[j][0].astype(np.int64) for j in chain)
+    for length in range(1, len(chain) + 1):
+      new_keys.append(_Cohort(index, length))
+      new_columns.append((lengths == length).astype(np.int64)[:, None])
+  return (np.concatenate(new_columns, axis=1), new_keys,
+          [[(keys[j], present[j][1]) for j in chain] for chain in chains])
+
+
+def _split_common(steps, keys, cohorts=()):
+  """(common, rest) of memory steps (a steps x keys matrix of amounts):
+  `common` {key: amount} holds each key's amount in most steps (the
+  largest of equally many; zeros left out), `rest` each step's
+  difference from it ({key: amount}, zeros left out, amounts possibly
+  negative), in order. A step's bytes are the common ones plus its
+  rest's exactly: per key they are linear in the amount (a dimension
+  set's rounding up cannot change them: its amounts are whole tensors'
+  bytes, which every allowed assignment divides, or padded slices'
+  factors). The variables and optimizer slots that most steps hold (most
+  of each step's keys with sharding, one per variable) are so priced
+  once, not per step."""
+  common = np.zeros(steps.shape[1], dtype=np.int64)
+  for j in range(steps.shape[1]):
+    values, counts = np.unique(steps[:, j], return_counts=True)
+    best = counts.max()
+    common[j] = values[counts == best].max()
+  rest = []
+  for row in steps - common:
+    nonzero = np.flatnonzero(row)
+    rest.append({keys[j]: int(row[j]) for j in nonzero})
+  return (list(cohorts),
+          {keys[j]: int(common[j]) for j in np.flatnonzero(common)}, rest)
 
 
 def _divisor(assignment, mesh_sizes):
