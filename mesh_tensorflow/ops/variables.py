@@ -537,4 +537,16 @@ def _group(ops):
 # each processor's own.
 cost_rules.register(Variable, cost_rules.NO_WORK)
 cost_rules.register(ReadVariable, cost_rules.SLICEWISE)
-cost_rules.register(Assign, cost_rules.SLICEWISE)
+class _AssignCost(cost_rules.CostRule):
+  """One TF op per variable and processor (assign_to_slices), each reading
+  the new value's slice and the variable's and writing the variable's."""
+
+  def run(self, info, ctx):
+    value_bytes = sum(cost_rules.slice_bytes(ctx.layout, d, s)
+                      for d, s in zip(info.in_dims, info.in_itemsize))
+    return cost_rules.RuleResult(cost_rules.no_pending(info),
+                                 elementwise_bytes=3 * value_bytes,
+                                 num_ops=max(1, len(info.op.variables)))
+
+
+cost_rules.register(Assign, _AssignCost())

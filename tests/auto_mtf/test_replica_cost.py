@@ -80,3 +80,17 @@ def test_pipeline_stages_compute_on_every_replica():
   # Unsplit, the stages run one after another on shared replicas.
   for op in stage_ops:
     assert step_cost.computing_processors(op, {}, sizes, MACHINE) == 1
+
+
+def test_assign_prices_each_variable_update(step):
+  # Each variable's update is its own TF op per processor, reading the new
+  # value and the variable's slice and writing it back: 3x the bytes.
+  graph, _ = step
+  pricer = cost_model.Pricer(graph, {}, {"all": 8})
+  assigns = [op for op in cost_model.all_operations(graph)
+             if isinstance(op, mtf.Assign)]
+  for op in assigns:
+    cost = pricer.cost(op)
+    value_bytes = sum(t.shape.size * t.dtype.size for t in op.inputs)
+    assert cost.num_ops == len(op.variables)
+    assert cost.elementwise_bytes == 3 * value_bytes
