@@ -385,7 +385,7 @@ class LayoutOptimizer(object):
       # What most steps hold (the variables, and their slots, say) is one
       # expression bounded once, not repeated in every step's sum; so is
       # each prefix of a chain of tensors held in nested steps (_cohorts).
-      chains, common, rest = self._memory_steps()
+      chains, common, rest, _ = self._memory_steps()
       self._cohort_vars = {}
       for i, chain in enumerate(chains):
         total, bound = 0, 0
@@ -462,15 +462,16 @@ class LayoutOptimizer(object):
     return found
 
   def _memory_steps(self):
-    """(chains, common, steps): per schedule step, {dimension set: whole
-    bytes of its tensors in memory, or _ShardedTensor: 1}, in schedule
-    order; steps another step dominates (no less of every key) are
-    dropped; keys held in nested steps are chained into _Cohort keys (see
-    _cohorts); what most steps hold (each key's most frequent amount) is
-    taken out of them into `common` (see _split_common). The same for
-    every optimizer of one graph, schedule, sharding and dimension sets
-    (the planner's mesh shapes of one structure): computed once for
-    them."""
+    """(chains, common, steps, (matrix, keys)): per schedule step,
+    {dimension set: whole bytes of its tensors in memory, or
+    _ShardedTensor: 1}, in schedule order; steps another step dominates
+    (no less of every key) are dropped; keys held in nested steps are
+    chained into _Cohort keys (see _cohorts); what most steps hold (each
+    key's most frequent amount) is taken out of them into `common` (see
+    _split_common); the matrix holds the steps' amounts of the keys
+    before. The same for every optimizer of one graph, schedule, sharding
+    and dimension sets (the planner's mesh shapes of one structure):
+    computed once for them."""
     key = (self._scheduler_alg, self._shard_weight_update,
            self._shard_parameters, self._uneven, id(self._scale),
            frozenset(self._tensor_dimension_set.items()),
@@ -518,8 +519,30 @@ class LayoutOptimizer(object):
         seen.add(row)
         rows.append(totals.copy())
     if not rows:
-      return {}, []
-    return _split_common(*_cohorts(_undominated(np.array(rows)), keys))
+      return [], {}, [], (np.zeros((0, 0), dtype=np.int64), [])
+    steps = _undominated(np.array(rows))
+    return _split_common(*_cohorts(steps, keys)) + ((steps, keys),)
+
+  def peak_lower_bound(self):
+    """A lower bound of the peak bytes per processor of every layout (with
+    this optimizer's sharding and fixed rules): the largest step with each
+    of its keys at its least bytes on its own (a relaxation: the layout
+    makes them agree). Cheap next to the program: a budget below it has
+    no layout, which solve() so reports without building the program."""
+    _, _, _, (steps, keys) = self._memory_steps()
+    if not keys:
+      return 0
+    least = np.ones(len(keys), dtype=np.int64)
+    divide = np.ones(len(keys), dtype=np.int64)
+    for j, key in enumerate(keys):
+      if isinstance(key, _ShardedTensor):
+        least[j] = min(self._sharded_bytes(key.name))
+      elif isinstance(key, _PaddedKey):
+        least[j] = min(_padded_elements(key.sizes, a, self._mesh_sizes)
+                       for a in self._assignments_of(key.dimension_set))
+      else:
+        divide[j] = max(self._divisors(key))
+    return int(((-(-steps // divide)) * least).sum(axis=1).max())
 
   def _build_objective_function(self):
     scale = len(self._layout_validator.splittable_mtf_dimension_names) + 1
@@ -590,6 +613,10 @@ class LayoutOptimizer(object):
       SolverError: no layout was found, none meets the memory budget, or
         the solver's layout fails validation.
     """
+    if (self._memory_budget is not None and
+        self.peak_lower_bound() > self._memory_budget):
+      # Sound: no layout's peak is below the bound (peak_lower_bound).
+      return self._over_budget(explain_budget)
     cp_model = self._cp_model
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = self._max_search_seconds
@@ -610,12 +637,7 @@ class LayoutOptimizer(object):
                       self._max_search_seconds)
     elif status != cp_model.OPTIMAL:
       if status == cp_model.INFEASIBLE and self._memory_budget is not None:
-        if not explain_budget:
-          raise SolverError(
-              f"no layout fits memory_budget={int(self._memory_budget)} "
-              f"bytes per processor on mesh {_mesh_string(self._mesh_sizes)}"
-              ".")
-        raise self._budget_error()
+        return self._over_budget(explain_budget)
       raise SolverError(
           f"the layout solver found no layout (status "
           f"{solver.status_name(status)}).")
@@ -626,6 +648,14 @@ class LayoutOptimizer(object):
     self._layout_validator.validate_layout(
         layout, self.constraint_sets)
     return _layout_string(layout)
+
+  def _over_budget(self, explain_budget):
+    """Raises the SolverError of a budget no layout meets."""
+    if not explain_budget:
+      raise SolverError(
+          f"no layout fits memory_budget={int(self._memory_budget)} "
+          f"bytes per processor on mesh {_mesh_string(self._mesh_sizes)}.")
+    raise self._budget_error()
 
   def smallest_peak(self):
     """(peak bytes, layout) of the layout of least peak memory, with this

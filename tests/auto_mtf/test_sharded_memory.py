@@ -55,3 +55,18 @@ def test_variables_are_priced_once_not_per_memory_step():
                 if c.HasField("linear") and z in c.linear.vars]
   assert len(step_terms) > 1
   assert sum(step_terms) < len(step_terms) * len(graph.all_variables)
+
+
+def test_a_budget_below_the_peak_bound_is_refused_unbuilt():
+  """peak_lower_bound is at most every layout's peak; a budget below it
+  has no layout, said without building the program."""
+  optimizer, _ = _optimizer("parameters")
+  bound = optimizer.peak_lower_bound()
+  smallest, _ = optimizer.smallest_peak()
+  assert 0 < bound <= smallest <= optimizer.evaluate_peak_memory(LAYOUT)
+  budgeted = layout_optimizer.LayoutOptimizer(
+      optimizer._estimator, memory_budget=bound - 1,  # pylint: disable=protected-access
+      shard_parameters=True)
+  with pytest.raises(layout_optimizer.SolverError, match="no layout fits"):
+    budgeted.solve(explain_budget=False)
+  assert budgeted._program is None  # pylint: disable=protected-access
