@@ -305,10 +305,11 @@ def counted_bytes(tf, mtf, case):
         tf_graph, [out], ops, group_of=recompute_memory.device_index,
         category_of=lambda op: ("activations" if op.name in forward else
                                 "gradients"))
-    held = {"parameters": 0, "optimizer_slots": 0}  # On each processor.
+    # On each processor: its slice variables, in their slice dtype.
+    held = {"parameters": 0, "optimizer_slots": 0}
     for var in graph.all_variables:
       held["parameters" if var.trainable else "optimizer_slots"] += (
-          mesh_impl.slice_size(var.shape) * var.master_dtype.size)
+          mesh_impl.slice_size(var.shape) * var.slice_dtype.size)
   result = {}
   for schedule, groups in profile.items():
     best = None

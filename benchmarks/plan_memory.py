@@ -168,6 +168,9 @@ def _part_by_scope(mtf_graph):
           op.outputs[0].name)
 
   def part_of(tf_op):
+    if (tf_op.type == "Cast" and tf_op.inputs and
+        tf_op.inputs[0].op.type == "ReadVariableOp"):
+      return "parameters"  # A variable read in its activation dtype.
     name = tf_op.name
     while True:
       found = by_scope.get(name)
@@ -198,10 +201,12 @@ def counted_bytes(tf, mtf, case):
     profile = recompute_memory.live_bytes_profile(
         tf_graph, [out], ops, group_of=recompute_memory.device_index,
         category_of=_part_by_scope(graph))
+    # The slice variables, in their slice dtype, are what a processor holds
+    # (a tf.function step has no master copies).
     held = {"parameters": 0, "optimizer_slots": 0}
     for var in graph.all_variables:
       held["parameters" if var.trainable else "optimizer_slots"] += (
-          mesh_impl.slice_size(var.shape) * var.master_dtype.size)
+          mesh_impl.slice_size(var.shape) * var.slice_dtype.size)
   result = {}
   for order, groups in profile.items():
     best = None

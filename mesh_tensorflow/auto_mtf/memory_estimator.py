@@ -10,9 +10,12 @@ marked final, so that the schedule never frees them.
 Changed from the original: variables (weights and optimizer slots) are
 marked final too, since they stay in memory for the whole step; the outputs
 of operations whose lowering passes a tensor on unchanged (`passed_on`) are
-aliases of it, not new buffers; with `assign_apart`, an mtf.Assign reads
-its new values apart, each as TF assigns it, as soon as it exists
-(autostacked variables' values together, given `stack_groups`).
+aliases of it, not new buffers. With `as_lowered` (plan_pricing's
+account), as TF runs the lowering: an mtf.Assign reads its new values
+apart, each as TF assigns it, as soon as it exists (autostacked variables'
+values together, given `stack_groups`); a variable whose activation dtype
+is not its slices' is read through a cast, a copy freed after its last
+reader (`read_through_cast`), not held.
 """
 
 from mesh_tensorflow import shape as shape_lib
@@ -39,18 +42,19 @@ class MemoryEstimator(object):
   """
 
   def __init__(self, mtf_graph, mesh_shape, mtf_outputs=(),
-               allow_uneven=False, assign_apart=False, stack_groups=None):
+               allow_uneven=False, as_lowered=False, stack_groups=None):
     """Args: an mtf.Graph, the mesh shape (mtf.Shape or spec), an
     optional iterable of the computation's output mtf Tensors, whether
     layouts may split dimensions unevenly (padded; LayoutValidator),
-    whether an mtf.Assign reads its new values apart (as TF assigns them;
-    plan_pricing's account: the layout search, whose proxies and LIST
-    schedule assume one read, keeps the original's), and optionally
+    whether to mark the graph as TF runs its lowering (see the module
+    docstring; plan_pricing's account: the layout search, whose proxies
+    and LIST schedule assume one read per Assign, keeps the original's),
+    and optionally
     {mtf Variable: its autostack group} (storage.autostack.plan under the
     layout: their new values are stacked, each group once all of its
     values exist, before they are assigned)."""
     self.mtf_graph = mtf_graph
-    self.assign_apart = bool(assign_apart)
+    self.as_lowered = bool(as_lowered)
     self.stack_groups = stack_groups or {}
     self.mesh_shape = shape_lib.convert_to_shape(mesh_shape)
     self.mtf_outputs = tuple(mtf_outputs)
@@ -73,15 +77,23 @@ class MemoryEstimator(object):
       for output in self.mtf_outputs:
         interface.set_tensor_final(output.name)
       for variable in self.mtf_graph.all_variables:
-        interface.set_tensor_final(variable.outputs[0].name)
+        if not (self.as_lowered and read_through_cast(variable)):
+          interface.set_tensor_final(variable.outputs[0].name)
       for op in self.mtf_graph.operations:
         for output, source in passed_on(op):
           interface.set_tensor_alias(output.name, source.name)
-        if self.assign_apart and isinstance(op, variables_lib.Assign):
+        if self.as_lowered and isinstance(op, variables_lib.Assign):
           interface.set_operation_reads_apart(
               op.name, assign_groups(op, self.stack_groups))
       self._graph_interface = interface
     return self._graph_interface
+
+
+def read_through_cast(variable):
+  """Whether the lowering reads the mtf Variable's slices through a cast
+  (to its activation dtype): a new buffer, its output, apart from the
+  slices held for the step."""
+  return variable.slice_dtype != variable.activation_dtype
 
 
 def assign_groups(op, stack_groups):

@@ -141,13 +141,16 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
                 scale=None):
   """The PeakMemory of the graph under the layout, run in SCHEDULE order.
 
-  The variables (parameters and slots) are held for the whole step; the
-  other tensors are alive from their operation to their last reader's.
+  The variables' slices (parameters and slots, in their slice dtype) are
+  held for the whole step; the other tensors are alive from their
+  operation to their last reader's, a variable's output too where it is a
+  cast of the slices (memory_estimator.read_through_cast), counted with
+  the variable's part.
   """
   impl = _StackingMeshImpl(mesh_shape, layout_rules)
   estimator = memory_estimator.MemoryEstimator(
       mtf_graph, mesh_shape, mtf_outputs, layout_rules.allow_uneven,
-      assign_apart=True, stack_groups=autostack.plan(
+      as_lowered=True, stack_groups=autostack.plan(
           mtf_graph, {v.mesh: impl for v in mtf_graph.all_variables},
           **(mtf_graph.stacking_limits or {})))
   graph = estimator.get_graph_interface()
@@ -160,8 +163,11 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
   if scale is not None:
     for name, weight in scale.tensor_weights(graph, schedule).items():
       sizes[name] = sizes.get(name, 0) * weight
-  held = {v.outputs[0].name for v in mtf_graph.all_variables}
+  held = {v.outputs[0].name for v in mtf_graph.all_variables
+          if not memory_estimator.read_through_cast(v)}
   transient = {t: b for t, b in sizes.items() if t not in held}
+  slices = {v.outputs[0].name: impl.slice_size(v.shape) * v.slice_dtype.size
+            for v in mtf_graph.all_variables}
   stage_names, stages = stage_memory.stage_dimensions(
       mtf_graph, mesh_shape, layout_rules)
   if stages > 1:
@@ -169,18 +175,24 @@ def peak_memory(mtf_graph, mtf_outputs, mesh_shape, layout_rules,
         mtf_graph, transient,
         {t for t in transient if graph.is_tensor_final(t)}, stage_names,
         stages, {t: graph.get_tensor_buffer(t) for t in sizes
-                 if graph.get_tensor_buffer(t) != t})
-    in_memory = held | set(alive)
+                 if graph.get_tensor_buffer(t) != t},
+        {op: graph.get_operation_apart_groups(op)
+         for op in graph.get_all_operation_names()
+         if graph.get_operation_apart_groups(op) is not None})
+    in_memory = set(alive)
   else:
     deltas = graph.compute_memory_deltas_under_schedule(schedule)
     _, at = layout_optimizer.peak_under_schedule(deltas, transient)
-    in_memory = set(held)
+    in_memory = set()
     for added, removed in deltas[:0 if at is None else at + 1]:
-      in_memory.difference_update(set(removed) - held)
+      in_memory.difference_update(removed)
       in_memory.update(added)
   parts = dict.fromkeys(MEMORY_PARTS, 0)
   for t in in_memory:
-    parts[part_of.part(t)] += sizes.get(t, 0)
+    parts[part_of.part(t)] += sizes.get(t, 0) if t not in held else 0
+  for t, size in slices.items():
+    weight = sizes.get(t, 0) / max(1, _slice_bytes(impl, part_of.tensors[t]))
+    parts[part_of.part(t)] += int(round(size * weight))
   return PeakMemory(**parts)
 
 

@@ -58,7 +58,7 @@ def _counted(model, structure, mesh_shape, rules, zero="none"):
     profile = recompute_memory.live_bytes_profile(
         tf_graph, [loss], [o for o in ops if o is not None],
         group_of=recompute_memory.device_index)
-    held = sum(impl.slice_size(v.shape) * v.master_dtype.size
+    held = sum(impl.slice_size(v.shape) * v.slice_dtype.size
                for v in graph.all_variables)
   return held + max(g["peak"] for d, g in profile["asap"].items()
                     if d is not None)
@@ -74,7 +74,7 @@ def test_variables_are_held_for_the_whole_step():
     impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "batch:all")
     held = {True: 0, False: 0}
     for v in graph.all_variables:
-      held[v.trainable] += impl.slice_size(v.shape) * v.master_dtype.size
+      held[v.trainable] += impl.slice_size(v.shape) * v.slice_dtype.size
   assert memory.parameters == held[True]
   assert memory.optimizer_slots == held[False]
 
@@ -102,6 +102,41 @@ def test_weight_updates_are_assigned_as_they_are_made():
   model = dense_stack_model.DenseStackModel(
       num_layers=4, batch=16, io=128, hidden=512)
   args = (model, Structure(), "all:4", "batch:all", "weight_update")
+  assert _predicted(*args).total == pytest.approx(_counted(*args), rel=0.1)
+
+
+class _Bfloat16Reads:
+  """Two dense layers whose float32 variables are read in bfloat16."""
+
+  def build(self, structure, zero, mesh_shape, rules):
+    del structure, zero, mesh_shape, rules
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    batch, io, hidden = (mtf.Dimension("batch", 16), mtf.Dimension("io", 64),
+                         mtf.Dimension("hidden", 256))
+    h = mtf.cast(mtf.import_tf_tensor(mesh, tf.ones([16, 64]), [batch, io]),
+                 tf.bfloat16)
+    for i in range(2):
+      w1, w2 = (mtf.get_variable(
+          mesh, f"w{i}{j}", dims, dtype=tf.float32,
+          activation_dtype=tf.bfloat16) for j, dims in enumerate(
+              ([io, hidden], [hidden, io])))
+      h = mtf.einsum([mtf.relu(mtf.einsum([h, w1], [batch, hidden])), w2],
+                     [batch, io])
+    loss = mtf.reduce_mean(mtf.cast(mtf.square(h), tf.float32))
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    for v, g in zip(variables, grads):
+      mtf.assign_sub(v, g * 0.1)
+    return graph, [loss]
+
+
+def test_variables_read_in_another_dtype_are_copies():
+  # The lowering casts each float32 slice variable to its bfloat16
+  # activation dtype when it reads it: a copy, alive to its last reader,
+  # beside the float32 slices held for the step. Priced as the variable
+  # itself, in bfloat16, the prediction was 0.52 of the counted peak.
+  args = (_Bfloat16Reads(), Structure(), "all:2", "batch:all")
   assert _predicted(*args).total == pytest.approx(_counted(*args), rel=0.1)
 
 
@@ -158,7 +193,7 @@ def test_an_assign_reads_its_values_apart_and_stacked_groups_together():
   values = [w * 2.0 for w in ws]
   op = mtf.Assign([w.operation for w in ws], values)
   interface = memory_estimator.MemoryEstimator(
-      graph, "all:1", assign_apart=True,
+      graph, "all:1", as_lowered=True,
       stack_groups={ws[0].operation: 0, ws[1].operation: 0}
   ).get_graph_interface()
   assert interface.get_operation_apart_groups(op.name) == (
