@@ -79,8 +79,9 @@ CACHE_DIR_ENV = "MTF_AUTO_MTF_CACHE_DIR"
 MESH_IMPLS = ("placement", "simd")
 _ANY_DIMS = ("*",)  # The key of a collective kind's default link.
 # 2: serial collectives, mtf operation overhead; 3: matmul bytes; 5: one
-# measurement of the devices for every mesh shape, links by group size.
-_CACHE_FORMAT = 5
+# measurement of the devices for every mesh shape, links by group size; 6:
+# op overhead on chains that cross devices.
+_CACHE_FORMAT = 6
 
 
 # ------------------------------------------------------------- constants
@@ -656,7 +657,9 @@ def calibrate_devices(devices, mesh_impl="placement", quick=False):
       compute["op_overhead_seconds"] = max(
           compute["op_overhead_seconds"],
           _mtf_op_seconds(flat, devices, plan) /
-          max(1.0, impl.size / compute["concurrency"]))
+          max(1.0, impl.size / compute["concurrency"]),
+          _cross_device_op_seconds(flat, devices, plan,
+                                   compute["concurrency"]))
     collectives = []
     for group in _group_sizes(num):
       group_shape = shape_lib.Shape(
@@ -945,6 +948,57 @@ def _mtf_op_seconds(shape, devices, plan):
   seconds = _median_seconds(chain_program(long), [x], plan.runs,
                             chain_program(short))
   return max(seconds, 0.0) / (long - short)
+
+
+def cross_device_chain(shape, devices, length):
+  """A tf.function of one argument pair (x, r) running `length` // 2 steps
+  of a lowered mtf chain whose every step crosses devices, as a step's
+  shared replicas and collectives do: a replicated factor, computed once
+  (shared replicas, on the first processor), scales a tensor split over
+  every mesh dimension, so each step's op on every other processor reads
+  the factor from the first one's device. Each step is 2 mtf operations
+  on one processor (the factor) and 2 on every processor."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  split = [mtf.Dimension(f"_calibration_{i}", d.size * 4)
+           for i, d in enumerate(shape.dims)]
+  factor = mtf.Dimension("_calibration_factor", 4)
+  layout = ";".join(f"_calibration_{i}:{d.name}"
+                    for i, d in enumerate(shape.dims))
+  impl = placement_mesh_impl.PlacementMeshImpl(shape, layout, devices)
+
+  def program(x_value, r_value):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "calibration")
+    x = mtf.import_tf_tensor(mesh, x_value, mtf.Shape(split + [factor]))
+    r0 = mtf.import_tf_tensor(mesh, r_value, mtf.Shape([factor]))
+    y, r = x, r0
+    for _ in range(length // 2):  # Alternate ops: nothing fuses.
+      r = mtf.maximum(r * 0.5, r0)
+      y = mtf.maximum(y * r, x)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return lowering.export_to_tf_tensor(y)
+
+  inputs = [tf.constant(np.full([d.size for d in split] + [factor.size],
+                                0.5, np.float32)),
+            tf.constant(np.full([factor.size], 0.5, np.float32))]
+  return tf.function(program, autograph=False), inputs
+
+
+def _cross_device_op_seconds(shape, devices, plan, concurrency):
+  """The op overhead (MachineConstants.op_overhead_seconds) that prices
+  cross_device_chain's steps as measured: a step is 2 operations on one
+  processor and 2 on all P, compute_seconds(0, 0, 2, 1) +
+  compute_seconds(0, 0, 2, P), from chains of two lengths (the import and
+  export cancel). Lowered steps cross devices wherever replicas share a
+  slice or a collective runs, which an executor pays for (a chain on
+  each processor's own device measured a third of it on 2 cores)."""
+  short, long = plan.tiny_chain // 8, plan.tiny_chain // 2
+  long_program, inputs = cross_device_chain(shape, devices, long)
+  short_program, _ = cross_device_chain(shape, devices, short)
+  seconds = _median_seconds(long_program, inputs, plan.runs, short_program)
+  steps = (long - short) // 2
+  per_step_ops = 2 + 2 * max(1.0, shape.size / concurrency)
+  return max(seconds, 0.0) / steps / per_step_ops
 
 
 def _apply_collective(impl, kind, axes, x):

@@ -171,3 +171,14 @@ def test_calibration_command_measures_once_and_caches(tmp_path, capsys):
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
       "error: ValueError: TensorFlow already started with 8 logical CPU(s), "
       "not the 4 asked for; run the command in a fresh process.")
+
+
+def test_op_overhead_chain_crosses_devices():
+  # The op overhead is measured on a lowered chain whose every step reads
+  # a shared replica from another processor: its factor runs once per
+  # step, its split tensor on every processor.
+  shape = machine.mesh_shape_of("p:2")
+  program, inputs = machine.cross_device_chain(shape, ["/cpu:0"] * 2, 8)
+  graph = program.get_concrete_function(*inputs).graph
+  maxima = [op for op in graph.get_operations() if op.type == "Maximum"]
+  assert len(maxima) == 4 + 2 * 4
