@@ -285,6 +285,19 @@ class LayoutOptimizer(object):
     tensor = self._sharded_tensors.get(tensor_name)
     if tensor is None:
       return self._slice_bytes(tensor_name, assignment)
+    # The same for every optimizer of one estimator (mesh) and level: the
+    # planner prices each level's layouts with optimizers of their own.
+    cache = self._estimator.__dict__.setdefault("_sharded_bytes_of", {})
+    key = (self._shard_parameters, tensor_name,
+           tuple(sorted(assignment.items())))
+    found = cache.get(key)
+    if found is None:
+      found = cache[key] = self._compute_sharded_bytes(tensor, assignment)
+    return found
+
+  def _compute_sharded_bytes(self, tensor, assignment):
+    """_tensor_bytes of a sharded variable's tensor."""
+    tensor_name = tensor.name
     data_mesh_dims = sorted({m for d, m in assignment.items()
                              if d in self._data_names})
     own = {d: m for d, m in assignment.items()

@@ -70,3 +70,24 @@ def test_a_budget_below_the_peak_bound_is_refused_unbuilt():
   with pytest.raises(layout_optimizer.SolverError, match="no layout fits"):
     budgeted.solve(explain_budget=False)
   assert budgeted._program is None  # pylint: disable=protected-access
+
+
+def test_sharded_bytes_are_computed_once_per_estimator(monkeypatch):
+  """The planner prices a layout with an optimizer per sharding level:
+  a sharded variable's bytes under an assignment are computed once."""
+  optimizer, _ = _optimizer("parameters")
+  calls = []
+  compute = layout_optimizer.LayoutOptimizer._compute_sharded_bytes  # pylint: disable=protected-access
+
+  def counted(self, tensor, assignment):
+    calls.append(tensor.name)
+    return compute(self, tensor, assignment)
+
+  monkeypatch.setattr(layout_optimizer.LayoutOptimizer,
+                      "_compute_sharded_bytes", counted)
+  again = layout_optimizer.LayoutOptimizer(
+      optimizer._estimator, shard_parameters=True)  # pylint: disable=protected-access
+  peak = optimizer.evaluate_peak_memory(LAYOUT)
+  first = len(calls)
+  assert again.evaluate_peak_memory(LAYOUT) == peak
+  assert first > 0 and len(calls) == first
