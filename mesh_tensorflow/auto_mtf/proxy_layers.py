@@ -100,8 +100,11 @@ class Scale:
       if w == 1:
         continue
       without = copy.copy(op)
-      without._inputs = [t for t in op.inputs  # pylint: disable=protected-access
-                         if self._layer_of.get(t.operation) != prefix]
+      kept = [self._layer_of.get(t.operation) != prefix for t in op.inputs]
+      without._inputs = [t for t, k in zip(op.inputs, kept) if k]  # pylint: disable=protected-access
+      if isinstance(op, variables_lib.Assign):
+        # An Assign's variables go with its new values, one each.
+        without._variables = [v for v, k in zip(op.variables, kept) if k]  # pylint: disable=protected-access
       terms[0] = (op, terms[0][1] + (w - 1))
       terms.append((without, -(w - 1)))
     return terms

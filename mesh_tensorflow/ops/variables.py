@@ -546,7 +546,8 @@ class _AssignCost(cost_rules.CostRule):
                       for d, s in zip(info.in_dims, info.in_itemsize))
     return cost_rules.RuleResult(cost_rules.no_pending(info),
                                  elementwise_bytes=3 * value_bytes,
-                                 num_ops=max(1, len(info.op.variables)))
+                                 # One new value per variable.
+                                 num_ops=max(1, len(info.in_dims)))
 
 
 cost_rules.register(Assign, _AssignCost())
