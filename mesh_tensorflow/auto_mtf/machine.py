@@ -958,6 +958,7 @@ def cross_device_chain(shape, devices, length):
   every mesh dimension, so each step's op on every other processor reads
   the factor from the first one's device. Each step is 2 mtf operations
   on one processor (the factor) and 2 on every processor."""
+  # The package imports auto_mtf, so its top level imports it lazily.
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   split = [mtf.Dimension(f"_calibration_{i}", d.size * 4)
            for i, d in enumerate(shape.dims)]
